@@ -1,0 +1,22 @@
+"""Typed application state shared by both services (aiohttp ``web.AppKey``; no string keys)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import asyncpg
+from aiohttp import web
+from redis.asyncio import Redis
+
+from common.auth import ApiKeyAuthenticator
+from common.settings import Settings
+
+SETTINGS: Final = web.AppKey("settings", Settings)
+PG_POOL: Final = web.AppKey("pg_pool", asyncpg.Pool)
+REDIS: Final = web.AppKey("redis", Redis)
+AUTHENTICATOR: Final = web.AppKey("authenticator", ApiKeyAuthenticator)
+# Each service appends a probe; /readyz answers 200 only when all return True.
+READINESS: Final = web.AppKey("readiness", list[Callable[[], bool]])
+RESOURCES_INSTALLED: Final = web.AppKey("resources_installed", bool)
+BACKGROUND: Final = web.AppKey("background", list[Callable[[], Awaitable[None]]])

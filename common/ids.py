@@ -1,0 +1,35 @@
+"""Resource ids: a type prefix plus a 26-character ULID in lowercase Crockford base32.
+
+DESIGN.md "Conventions": ``ten_``, ``proj_``, ``key_``, ``user_``, ``org_``, ``mem_``, ``inv_``,
+``sess_``, ``store_``, ``dsr_``, ``evt_``, ``whep_``, ``strm_``, ``rd_``, ``chal_``, ``req_``.
+ULIDs sort by creation time (millisecond precision), which keyset pagination relies on.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from ulid import ULID
+
+PREFIXES: Final = frozenset(
+    {"ten", "proj", "key", "user", "org", "mem", "inv", "sess", "store", "dsr", "evt", "whep",
+     "strm", "rd", "chal", "req"}
+)
+_ID_RE: Final = re.compile(r"^([a-z]+)_([0-9a-hjkmnp-tv-z]{26})$")
+
+
+def new_id(prefix: str) -> str:
+    """Return ``<prefix>_<ulid>``, e.g. ``store_01j9zq...`` (31+ characters).
+
+    Raises ValueError for a prefix outside DESIGN.md's table.
+    """
+    if prefix not in PREFIXES:
+        raise ValueError(f"unknown id prefix {prefix!r}")
+    return f"{prefix}_{str(ULID()).lower()}"
+
+
+def is_id(value: str, prefix: str) -> bool:
+    """True when ``value`` is a well-formed id carrying ``prefix``."""
+    m = _ID_RE.match(value)
+    return m is not None and m.group(1) == prefix

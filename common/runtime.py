@@ -1,0 +1,69 @@
+"""App factory pieces both services share: the base app, shared resources, health routes.
+
+``base_app`` builds an Application with the envelope middleware and settings; ``install_resources``
+opens the PostgreSQL pool, Redis client, API-key authenticator and revocation feed in a
+``cleanup_ctx`` once, whether one service or both live in the app (``authio serve``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from redis.asyncio import Redis
+
+from common.appkeys import AUTHENTICATOR, PG_POOL, READINESS, REDIS, RESOURCES_INSTALLED, SETTINGS
+from common.auth import ApiKeyAuthenticator, follow_revocations
+from common.db import create_pool
+from common.errors import NotReady
+from common.http import envelope_middleware, json_response
+from common.settings import Settings
+
+
+def base_app(settings: Settings) -> web.Application:
+    """An Application with the envelope middleware, settings and the health routes."""
+    app = web.Application(middlewares=[envelope_middleware], client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[READINESS] = []
+    app[RESOURCES_INSTALLED] = False
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def install_resources(app: web.Application) -> None:
+    """Add the shared-resource context once (idempotent across services in one app)."""
+    if not app[RESOURCES_INSTALLED]:
+        app[RESOURCES_INSTALLED] = True
+        app.cleanup_ctx.append(_resources)
+
+
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    pool = await create_pool(settings.database_url, max_size=settings.pg_pool_max)
+    redis = Redis.from_url(settings.redis_url)
+    auth = ApiKeyAuthenticator(pool, ttl_seconds=settings.api_key_cache_seconds)
+    app[PG_POOL], app[REDIS], app[AUTHENTICATOR] = pool, redis, auth
+    feed = asyncio.create_task(follow_revocations(redis, settings.redis_prefix, auth))
+    try:
+        yield
+    finally:
+        feed.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await feed
+        await redis.aclose()
+        await pool.close()
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers."""
+    return json_response(request, {"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: every service hosted here says it is ready (engine: stores loaded, following)."""
+    if not all(probe() for probe in request.app[READINESS]):
+        raise NotReady()
+    return json_response(request, {"status": "ready"})

@@ -1,0 +1,123 @@
+"""Typed settings, read once from the environment at start.
+
+Variable names are the spec's where it names them (``PORT``, ``DATABASE_URL``, ``REDIS_URL``,
+``SERVICE_BOOTSTRAP_TOKEN``, ``SERVICE_AUDIT_*``, ``OTEL_*``) and ``SERVICE_*`` otherwise.
+A bad value stops the service at start with a message naming the variable (``SettingsError``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+_MIN_BOOTSTRAP_TOKEN = 32  # SPEC.md 5.3 and section 8
+
+
+class SettingsError(Exception):
+    """The environment holds a bad value; the message names the variable."""
+
+
+def _env(name: str) -> AliasChoices:
+    return AliasChoices(name)
+
+
+class Settings(BaseSettings):
+    """Process configuration. Units are in the field names (``_seconds``, ``_ms``)."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True)
+
+    host: str = Field("127.0.0.1", validation_alias=_env("SERVICE_HOST"))
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(8080, validation_alias=_env("PORT"))
+    engine_port: Annotated[int, Field(ge=1, le=65535)] = Field(
+        8081, validation_alias=_env("SERVICE_ENGINE_PORT")
+    )
+    base_url: str | None = Field(None, validation_alias=_env("SERVICE_BASE_URL"))
+    database_url: str = Field(
+        "postgresql://postgres@127.0.0.1:5432/authio", validation_alias=_env("DATABASE_URL")
+    )
+    redis_url: str = Field("redis://127.0.0.1:6379/0", validation_alias=_env("REDIS_URL"))
+    redis_prefix: str = Field("authio:", validation_alias=_env("SERVICE_REDIS_PREFIX"))
+    bootstrap_token: SecretStr | None = Field(None, validation_alias=_env("SERVICE_BOOTSTRAP_TOKEN"))
+    pg_pool_max: Annotated[int, Field(ge=1, le=1000)] = Field(
+        10, validation_alias=_env("SERVICE_PG_POOL_MAX")
+    )
+    api_key_cache_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        1.0, validation_alias=_env("SERVICE_API_KEY_CACHE_SECONDS")
+    )
+    check_max_depth: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        25, validation_alias=_env("SERVICE_CHECK_MAX_DEPTH")
+    )
+    consistency_timeout_ms: Annotated[int, Field(ge=0, le=60_000)] = Field(
+        2000, validation_alias=_env("SERVICE_CONSISTENCY_TIMEOUT_MS")
+    )
+    engine_poll_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        1.0, validation_alias=_env("SERVICE_ENGINE_POLL_SECONDS")
+    )
+    audit_forward_months: Annotated[int, Field(ge=1, le=120)] = Field(
+        3, validation_alias=_env("SERVICE_AUDIT_FORWARD_MONTHS")
+    )
+    audit_retention_months: Annotated[int, Field(ge=1, le=1200)] = Field(
+        3, validation_alias=_env("SERVICE_AUDIT_RETENTION_MONTHS")
+    )
+    audit_partition_interval_seconds: Annotated[float, Field(gt=0)] = Field(
+        86_400.0, validation_alias=_env("SERVICE_AUDIT_PARTITION_INTERVAL_SECONDS")
+    )
+    max_body_bytes: Annotated[int, Field(ge=1024)] = Field(
+        4 * 1024 * 1024, validation_alias=_env("SERVICE_MAX_BODY_BYTES")
+    )
+    log_level: str = Field("INFO", validation_alias=_env("SERVICE_LOG_LEVEL"))
+
+    @field_validator("bootstrap_token")
+    @classmethod
+    def _bootstrap_token_length(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and v.get_secret_value() == "":
+            return None
+        if v is not None and len(v.get_secret_value()) < _MIN_BOOTSTRAP_TOKEN:
+            raise ValueError(
+                f"must be at least {_MIN_BOOTSTRAP_TOKEN} characters (SPEC.md 5.3); "
+                "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+            )
+        return v
+
+    @field_validator("database_url")
+    @classmethod
+    def _pg_url(cls, v: str) -> str:
+        if not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str) -> str:
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+    @property
+    def public_base_url(self) -> str:
+        """The ``iss`` and link base: ``SERVICE_BASE_URL`` or ``http://localhost:<PORT>``."""
+        return (self.base_url or f"http://localhost:{self.port}").rstrip("/")
+
+
+_FIELD_ENV = {
+    name: str(f.validation_alias.choices[0])
+    for name, f in Settings.model_fields.items()
+    if isinstance(f.validation_alias, AliasChoices)
+}
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the environment (plus ``overrides`` by field name, used by tests and the CLI).
+
+    Raises SettingsError naming each bad variable.
+    """
+    try:
+        return Settings.model_validate({_FIELD_ENV.get(k, k): v for k, v in overrides.items()})
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = str(err["loc"][0]) if err["loc"] else "?"
+            lines.append(f"{_FIELD_ENV.get(loc, loc)}: {err['msg']}")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
