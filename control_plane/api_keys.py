@@ -1,0 +1,156 @@
+"""API keys: create, list, revoke (SPEC.md 2 and 5, DESIGN.md "API keys").
+
+A key holds a prefix, a name and scopes; an empty scope list means full access. No escalation:
+a key may only create keys whose access is within its own. Secrets are shown once, stored as
+SHA-256. Revocation is published on Redis so every process drops the key at once.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import asyncpg
+from aiohttp import web
+from pydantic import StringConstraints, field_validator
+
+from common.appkeys import AUTHENTICATOR, PG_POOL, REDIS, SETTINGS
+from common.auth import SCOPES, Principal, generate_secret, hash_secret, publish_revocation
+from common.errors import InsufficientScope, NotFound
+from common.http import RequestModel, json_response, parse_body
+from common.ids import new_id
+from control_plane import audit
+from control_plane.pagination import page_body, parse_page
+from control_plane.principal import authenticate
+
+ONE_TIME_WARNING: Final = (
+    "Store this secret now: it is shown only once and cannot be retrieved again."
+)
+_COLUMNS: Final = "id, name, prefix, last_four, scopes, created_at, revoked_at, created_by_key_id"
+
+
+class CreateKeyBody(RequestModel):
+    prefix: Literal["sk_live_", "sk_test_"]
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+    scopes: list[str]
+
+    @field_validator("scopes")
+    @classmethod
+    def _known_scopes(cls, v: list[str]) -> list[str]:
+        unknown = sorted(set(v) - SCOPES)
+        if unknown:
+            raise ValueError(f"unknown scopes {unknown}; allowed: {sorted(SCOPES)}")
+        return sorted(set(v))
+
+
+def check_no_escalation(creator: Principal, scopes: list[str]) -> None:
+    """Raises InsufficientScope when ``scopes`` would grant more than ``creator`` holds
+    (DESIGN.md: a key can never create a key with more access than itself)."""
+    if not creator.scopes:
+        return
+    excess = sorted(set(scopes) - creator.scopes) if scopes else ["(full access)"]
+    if excess:
+        raise InsufficientScope(
+            "A key cannot create a key with more access than itself.",
+            details={"exceeding_scopes": excess},
+        )
+
+
+async def insert_key(
+    conn: asyncpg.Connection, *, project_id: str, prefix: str, name: str, scopes: list[str],
+    created_by_key_id: str | None,
+) -> tuple[dict[str, Any], str]:
+    """Insert a key and return (its public fields, the plaintext secret)."""
+    secret = generate_secret(prefix)
+    row = await conn.fetchrow(
+        f"""INSERT INTO api_keys (id, project_id, name, prefix, secret_hash, last_four, scopes,
+                                  created_by_key_id)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_COLUMNS}""",
+        new_id("key"), project_id, name, prefix, hash_secret(secret), secret[-4:], scopes,
+        created_by_key_id,
+    )
+    assert row is not None
+    return dict(row), secret
+
+
+async def create_key(
+    conn: asyncpg.Connection, actor: audit.Actor, creator: Principal, body: CreateKeyBody
+) -> dict[str, Any]:
+    """Create a key in the creator's project, with its ``api_key.created`` event."""
+    check_no_escalation(creator, body.scopes)
+    async with conn.transaction():
+        key, secret = await insert_key(
+            conn, project_id=creator.project_id, prefix=body.prefix, name=body.name,
+            scopes=body.scopes, created_by_key_id=creator.key_id,
+        )
+        await audit.record(
+            conn, actor, action="api_key.created", project_id=creator.project_id,
+            target_type="api_key", target_id=key["id"],
+            description=f"Created API key {body.name!r}",
+            metadata={"prefix": body.prefix, "scopes": body.scopes, "name": body.name},
+        )
+    return {**key, "secret": secret, "warning": ONE_TIME_WARNING}
+
+
+async def revoke_key(
+    conn: asyncpg.Connection, actor: audit.Actor, project_id: str, key_id: str
+) -> tuple[dict[str, Any], str | None]:
+    """Revoke ``key_id`` and return (the key, its hash if this call revoked it, else None).
+
+    Idempotent: revoking a revoked key returns it unchanged with no new event.
+    Raises NotFound when the project has no such key.
+    """
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            f"""UPDATE api_keys SET revoked_at = now()
+                WHERE id = $1 AND project_id = $2 AND revoked_at IS NULL
+                RETURNING {_COLUMNS}, secret_hash""",
+            key_id, project_id,
+        )
+        if row is None:
+            existing = await conn.fetchrow(
+                f"SELECT {_COLUMNS} FROM api_keys WHERE id = $1 AND project_id = $2",
+                key_id, project_id,
+            )
+            if existing is None:
+                raise NotFound("No API key with that id in this project.")
+            return dict(existing), None
+        key = dict(row)
+        digest = key.pop("secret_hash")
+        await audit.record(
+            conn, actor, action="api_key.revoked", project_id=project_id,
+            target_type="api_key", target_id=key_id,
+            description=f"Revoked API key {key['name']!r}",
+        )
+    return key, digest
+
+
+async def post_key(request: web.Request) -> web.Response:
+    principal = await authenticate(request, "keys:write")
+    body = await parse_body(request, CreateKeyBody)
+    async with request.app[PG_POOL].acquire() as conn:
+        key = await create_key(conn, audit.actor_from_request(request, principal), principal, body)
+    return json_response(request, key, status=201)
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    principal = await authenticate(request, "keys:write")
+    page = parse_page(request.query, kind="api_keys", key_len=1)
+    rows = await request.app[PG_POOL].fetch(
+        f"""SELECT {_COLUMNS} FROM api_keys WHERE project_id = $1 AND ($2::text IS NULL OR id > $2)
+            ORDER BY id LIMIT $3""",
+        principal.project_id, page.after[0] if page.after else None, page.limit + 1,
+    )
+    return json_response(request, page_body([dict(r) for r in rows], page, kind="api_keys",
+                                            key=["id"]))
+
+
+async def delete_key(request: web.Request) -> web.Response:
+    principal = await authenticate(request, "keys:write")
+    actor = audit.actor_from_request(request, principal)
+    async with request.app[PG_POOL].acquire() as conn:
+        key, digest = await revoke_key(conn, actor, principal.project_id,
+                                       request.match_info["key_id"])
+    if digest is not None:
+        request.app[AUTHENTICATOR].invalidate(digest)
+        await publish_revocation(request.app[REDIS], request.app[SETTINGS].redis_prefix, digest)
+    return json_response(request, key)

@@ -1,0 +1,58 @@
+"""The control plane's app factory: routes and background workers (DESIGN.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from common.appkeys import PG_POOL, SETTINGS
+from common.runtime import base_app, install_resources
+from common.settings import Settings
+from control_plane import api_keys, bootstrap, projects, stores, tuples
+from control_plane.audit_partitions import run_partition_manager
+
+
+def setup_control_plane(app: web.Application) -> None:
+    """Add the control plane's routes and workers to ``app`` (alone or beside the engine)."""
+    install_resources(app)
+    app.cleanup_ctx.append(_workers)
+    r = app.router
+    r.add_post("/v1/bootstrap", bootstrap.post_bootstrap)
+    r.add_get("/v1/projects/me", projects.get_me)
+    r.add_post("/v1/api-keys", api_keys.post_key)
+    r.add_get("/v1/api-keys", api_keys.list_keys)
+    r.add_delete("/v1/api-keys/{key_id}", api_keys.delete_key)
+    r.add_post("/v1/stores", stores.post_store)
+    r.add_get("/v1/stores", stores.list_stores)
+    r.add_get("/v1/stores/{store_id}", stores.show_store)
+    r.add_post("/v1/stores/{store_id}/write", tuples.post_write)
+    r.add_get("/v1/stores/{store_id}/tuples", tuples.get_tuples)
+
+
+async def _workers(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    tasks = [
+        asyncio.create_task(run_partition_manager(
+            app[PG_POOL], forward_months=settings.audit_forward_months,
+            retention_months=settings.audit_retention_months,
+            interval_seconds=settings.audit_partition_interval_seconds,
+        ), name="audit-partitions"),
+    ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def create_control_plane_app(settings: Settings) -> web.Application:
+    """The control plane alone (``authio serve control-plane``)."""
+    app = base_app(settings)
+    setup_control_plane(app)
+    return app

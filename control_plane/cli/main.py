@@ -1,0 +1,82 @@
+"""The ``authio`` command: serve, migrate.
+
+    authio serve                  both apps on one port (PORT, default 8080)
+    authio serve engine           the engine alone (SERVICE_ENGINE_PORT, default 8081)
+    authio serve control-plane    the control plane alone (PORT)
+    authio migrate                apply pending schema migrations
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import secrets
+import sys
+
+from common.settings import Settings, SettingsError, load_settings
+
+
+def _serve(settings: Settings, target: str) -> None:
+    import uvloop
+    from aiohttp import web
+    from engine.checks import create_engine_app, setup_engine
+
+    from control_plane.app import create_control_plane_app, setup_control_plane
+
+    if target == "engine":
+        app, port = create_engine_app(settings), settings.engine_port
+    elif target == "control-plane":
+        app, port = create_control_plane_app(settings), settings.port
+    else:
+        from common.runtime import base_app
+
+        app, port = base_app(settings), settings.port
+        setup_engine(app)
+        setup_control_plane(app)
+    # run_app handles SIGTERM and SIGINT as a graceful shutdown: stop accepting, finish in-flight
+    # requests (up to shutdown_timeout), then run every cleanup context.
+    web.run_app(
+        app, host=settings.host, port=port, loop=uvloop.new_event_loop(), access_log=None,
+        shutdown_timeout=15.0,
+        print=lambda _: print(f"authio {target} listening on http://{settings.host}:{port}",
+                              flush=True),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="authio", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the service")
+    serve.add_argument("target", nargs="?", default="all",
+                       choices=["all", "engine", "control-plane"])
+    serve.add_argument("--generate-bootstrap-token", action="store_true",
+                       help="when SERVICE_BOOTSTRAP_TOKEN is unset, make one for this run and "
+                            "print it once (local development)")
+    sub.add_parser("migrate", help="apply pending schema migrations")
+    args = parser.parse_args(argv)
+
+    if getattr(args, "generate_bootstrap_token", False) and not os.environ.get(
+        "SERVICE_BOOTSTRAP_TOKEN"
+    ):
+        token = secrets.token_urlsafe(32)
+        os.environ["SERVICE_BOOTSTRAP_TOKEN"] = token
+        print(f"SERVICE_BOOTSTRAP_TOKEN for this run (shown once): {token}", flush=True)
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        sys.exit(f"authio: {exc}")
+    logging.basicConfig(level=settings.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.command == "migrate":
+        from control_plane.migrate import upgrade
+
+        upgrade(settings.database_url)
+        print("migrations applied", flush=True)
+    else:
+        _serve(settings, args.target)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""Stores: the per-project containers of tuples (POST/GET /v1/stores, GET /v1/stores/{id}).
+
+A store belongs to one project; any store of another project is ``store_not_found`` for this
+project's keys, exactly like a store that does not exist.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final
+
+import asyncpg
+from aiohttp import web
+from pydantic import StringConstraints
+
+from common.appkeys import PG_POOL
+from common.errors import StoreNotFound
+from common.http import RequestModel, json_response, parse_body
+from common.ids import new_id
+from control_plane.pagination import page_body, parse_page
+from control_plane.principal import authenticate
+
+NOTIFY_CHANNEL: Final = "authio_tuple_changes"  # payload "<store_id>:<revision>"
+_COLUMNS: Final = "id, name, revision, created_at, updated_at"
+READ_SCOPES: Final = ("authz:write", "authz:check")
+
+
+class CreateStoreBody(RequestModel):
+    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+
+
+async def create_store(conn: asyncpg.Connection, project_id: str, name: str) -> dict[str, Any]:
+    """Insert a store at revision 0 and tell engines about it (they load it ahead of checks)."""
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            f"INSERT INTO stores (id, project_id, name) VALUES ($1, $2, $3) RETURNING {_COLUMNS}",
+            new_id("store"), project_id, name,
+        )
+        assert row is not None
+        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"{row['id']}:0")
+    return dict(row)
+
+
+async def get_store(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                    store_id: str) -> dict[str, Any]:
+    """The store, or StoreNotFound when it is absent or another project's."""
+    row = await conn.fetchrow(
+        f"SELECT {_COLUMNS} FROM stores WHERE id = $1 AND project_id = $2", store_id, project_id
+    )
+    if row is None:
+        raise StoreNotFound()
+    return dict(row)
+
+
+async def post_store(request: web.Request) -> web.Response:
+    principal = await authenticate(request, "authz:write")
+    body = await parse_body(request, CreateStoreBody)
+    async with request.app[PG_POOL].acquire() as conn:
+        store = await create_store(conn, principal.project_id, body.name)
+    return json_response(request, store, status=201)
+
+
+async def list_stores(request: web.Request) -> web.Response:
+    principal = await authenticate(request, *READ_SCOPES)
+    page = parse_page(request.query, kind="stores", key_len=1)
+    rows = await request.app[PG_POOL].fetch(
+        f"""SELECT {_COLUMNS} FROM stores WHERE project_id = $1 AND ($2::text IS NULL OR id > $2)
+            ORDER BY id LIMIT $3""",
+        principal.project_id, page.after[0] if page.after else None, page.limit + 1,
+    )
+    return json_response(request, page_body([dict(r) for r in rows], page, kind="stores",
+                                            key=["id"]))
+
+
+async def show_store(request: web.Request) -> web.Response:
+    principal = await authenticate(request, *READ_SCOPES)
+    store = await get_store(request.app[PG_POOL], principal.project_id,
+                            request.match_info["store_id"])
+    return json_response(request, store)

@@ -1,0 +1,245 @@
+"""Test harness: real PostgreSQL and Redis, one fresh database and Redis key prefix per run.
+
+The servers come from DATABASE_URL / REDIS_URL (``make test`` sets them through
+``common.devservices``). Services run as real aiohttp servers on loopback ports and tests talk
+to them over HTTP, like users do. Each test gets its own project through POST /v1/bootstrap, so
+tests are isolated without resetting the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import orjson
+import pytest
+import pytest_asyncio
+from aiohttp import ClientSession, ClientTimeout, web
+from redis.asyncio import Redis
+
+from common.settings import Settings, load_settings
+from control_plane.migrate import upgrade
+
+BOOTSTRAP_TOKEN = "test-bootstrap-token-" + "x" * 32
+DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def _with_db(url: str, db: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + db))
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Any:
+    """A freshly created and migrated database, dropped after the run."""
+    base = os.environ.get("DATABASE_URL", DEFAULT_PG)
+    name = f"authio_test_{secrets.token_hex(4)}"
+    admin = _with_db(base, "postgres")
+
+    async def admin_exec(sql: str) -> None:
+        conn = await asyncpg.connect(admin)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin_exec(f'CREATE DATABASE "{name}"'))
+    url = _with_db(base, name)
+    upgrade(url)
+    yield url
+    asyncio.run(admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return os.environ.get("REDIS_URL", DEFAULT_REDIS)
+
+
+@pytest.fixture(scope="session")
+def redis_prefix() -> str:
+    return f"authio_test_{secrets.token_hex(4)}:"
+
+
+@pytest.fixture(scope="session")
+def settings_factory(database_url: str, redis_url: str, redis_prefix: str) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "database_url": database_url, "redis_url": redis_url, "redis_prefix": redis_prefix,
+            "bootstrap_token": BOOTSTRAP_TOKEN, "engine_poll_seconds": 0.5,
+            "consistency_timeout_ms": 2000, "pg_pool_max": 5,
+        }
+        values.update(overrides)
+        return load_settings(**values)
+    return make
+
+
+@dataclass
+class Response:
+    status: int
+    headers: Any
+    body: Any
+    raw: bytes
+
+
+class Api:
+    """A thin HTTP client for one running service (base URL) and, optionally, one API key."""
+
+    def __init__(self, session: ClientSession, base_url: str, key: str | None = None) -> None:
+        self.session, self.base_url, self.key = session, base_url, key
+
+    def with_key(self, key: str | None) -> Api:
+        return Api(self.session, self.base_url, key)
+
+    async def request(self, method: str, path: str, *, json: Any = None, data: bytes | None = None,
+                      headers: dict[str, str] | None = None, key: Any = ...) -> Response:
+        hdrs = dict(headers or {})
+        k = self.key if key is ... else key
+        if k is not None:
+            hdrs.setdefault("Authorization", f"Bearer {k}")
+        body = orjson.dumps(json) if json is not None else data
+        if body is not None:
+            hdrs.setdefault("Content-Type", "application/json")
+        async with self.session.request(method, self.base_url + path, data=body, headers=hdrs) as r:
+            raw = await r.read()
+            try:
+                parsed = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                parsed = None
+            return Response(r.status, r.headers, parsed, raw)
+
+    async def get(self, path: str, **kw: Any) -> Response:
+        return await self.request("GET", path, **kw)
+
+    async def post(self, path: str, json: Any = None, **kw: Any) -> Response:
+        return await self.request("POST", path, json=json, **kw)
+
+    async def delete(self, path: str, **kw: Any) -> Response:
+        return await self.request("DELETE", path, **kw)
+
+
+@dataclass
+class RunningApp:
+    base_url: str
+    runner: web.AppRunner
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_app(app: web.Application) -> RunningApp:
+    """Serve ``app`` on a free loopback port (cleanup contexts run, as in production)."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return RunningApp(f"http://127.0.0.1:{port}", runner)
+
+
+def combined_app(settings: Settings) -> web.Application:
+    """Both services in one app, exactly as ``authio serve`` builds it."""
+    from engine.checks import setup_engine
+
+    from common.runtime import base_app
+    from control_plane.app import setup_control_plane
+
+    app = base_app(settings)
+    setup_engine(app)
+    setup_control_plane(app)
+    return app
+
+
+async def wait_ready(api: Api, within: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        r = await api.get("/readyz", key=None)
+        if r.status == 200:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"service not ready: {r.status} {r.body}")
+        await asyncio.sleep(0.05)
+
+
+@pytest_asyncio.fixture(scope="session")
+async def http() -> AsyncIterator[ClientSession]:
+    async with ClientSession(timeout=ClientTimeout(total=60)) as session:
+        yield session
+
+
+@pytest_asyncio.fixture(scope="session")
+async def service(settings_factory: Callable[..., Settings], http: ClientSession) -> AsyncIterator[Api]:
+    """The whole service (both apps, one port) running for the session; no key attached."""
+    running = await start_app(combined_app(settings_factory()))
+    api = Api(http, running.base_url)
+    await wait_ready(api)
+    yield api
+    await running.stop()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_url)
+    yield client
+    keys = [k async for k in client.scan_iter(match=redis_prefix + "*")]
+    if keys:
+        await client.delete(*keys)
+    await client.aclose()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def db(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    """Direct database access, for asserting what was stored (never to stand in for the API)."""
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
+    assert pool is not None
+    yield pool
+    await pool.close()
+
+
+@dataclass
+class Project:
+    id: str
+    tenant_id: str
+    key: str
+    key_id: str
+    api: Api
+
+
+async def bootstrap_project(service: Api, name: str = "test") -> Project:
+    r = await service.post(
+        "/v1/bootstrap",
+        {"tenant_name": f"{name} tenant", "project_name": name, "environment": "test"},
+        headers={"x-service-bootstrap-token": BOOTSTRAP_TOKEN}, key=None,
+    )
+    assert r.status == 201, r.body
+    return Project(r.body["project"]["id"], r.body["tenant"]["id"], r.body["api_key"]["secret"],
+                   r.body["api_key"]["id"], service.with_key(r.body["api_key"]["secret"]))
+
+
+@pytest_asyncio.fixture
+async def project(service: Api) -> Project:
+    """A fresh tenant and project with a full-access key, through POST /v1/bootstrap."""
+    return await bootstrap_project(service)
+
+
+@pytest_asyncio.fixture
+async def new_project(service: Api) -> Callable[[str], Awaitable[Project]]:
+    async def make(name: str = "other") -> Project:
+        return await bootstrap_project(service, name)
+    return make
+
+
+def assert_error(r: Response, status: int, code: str) -> None:
+    """The envelope of DESIGN.md with ``code`` and ``status``, and a matching request id."""
+    assert r.status == status, (r.status, r.body)
+    assert r.body["error"]["code"] == code, r.body
+    assert isinstance(r.body["error"]["message"], str) and r.body["error"]["message"]
+    assert isinstance(r.body["error"]["details"], dict)
+    assert r.body["request_id"].startswith("req_") or r.body["request_id"]
+    assert r.headers["X-Request-Id"] == r.body["request_id"]
