@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-SERVICES = eval "$$($(PY) -m common.devservices ensure)"
+WITH_SERVICES = $(PY) -m common.devservices exec --
 
 .PHONY: run test lint bench-data clean-run
 
@@ -18,10 +18,10 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 run: $(VENV)/.installed
-	@$(SERVICES) && $(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token
+	@$(WITH_SERVICES) sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
 
 test: $(VENV)/.installed
-	@$(SERVICES) && $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	@$(WITH_SERVICES) $(VENV)/bin/pytest -q $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .

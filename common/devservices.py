@@ -1,0 +1,1007 @@
+"""Start what we need: PostgreSQL and Redis for ``make run`` and ``make test``.
+
+The rule (DESIGN.md): ``DATABASE_URL`` and ``REDIS_URL`` point at real servers. When unset, the
+run and test commands use PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 if they
+answer, and otherwise start private ones from the machine's ``postgres`` and ``redis-server``
+binaries under ``.run/`` (installing the Debian packages ``postgresql`` and ``redis-server`` when
+missing), so a fresh machine needs no manual step.
+
+For each service, :func:`ensure_services` picks the first that applies:
+
+1. A configured URL (``database_url`` / ``redis_url``) is probed for up to ``connect_timeout``
+   seconds and returned unchanged; if it does not answer, :class:`DevServicesError` is raised.
+   Nothing is created on a configured server.
+2. The default local port (``pg_port`` / ``redis_port`` on 127.0.0.1), if it answers *and*
+   accepts us: PostgreSQL as user ``postgres`` without a password (database ``authio`` is created
+   when missing), Redis without a password. A server that answers but refuses us (a fresh Debian
+   cluster asks for a password over TCP) is skipped with a log line, not treated as an error.
+3. A private instance under ``run_dir`` on ``private_pg_port`` / ``private_redis_port``:
+
+   * ``run_dir/pg``: a PostgreSQL cluster (``initdb --auth=trust -U postgres --encoding=UTF8``,
+     once), listening on 127.0.0.1 only, no Unix socket, log in ``run_dir/pg.log``; database
+     ``authio`` is created when missing.
+   * ``run_dir/redis``: a daemonized ``redis-server`` bound to 127.0.0.1 with persistence off,
+     pid file ``redis.pid``, log ``redis.log`` and the port it listens on in ``port``.
+
+   An instance that already runs is reused (no second initdb, no restart). Missing binaries are
+   installed with ``apt-get`` when running as root; otherwise the error says what to install.
+   ``force_private=True`` skips steps 1 and 2 (this is how the test proves the fresh-machine path).
+
+PostgreSQL refuses to run as root. As root, the cluster is created and run as an unprivileged
+user: the owner of an existing ``run_dir/pg``, else the ``postgres`` system user, else a system
+user ``authio`` created with ``useradd``. The data directory and log file are chowned to that
+user, and any directory above ``run_dir/pg`` that user cannot traverse gets the execute (search)
+bit it lacks; each such change is logged. Redis runs as the calling user.
+
+Private instances keep running after the call so later runs reuse them; :func:`stop_private`
+stops them. Concurrent calls on the same ``run_dir`` are serialized with a lock file
+(``run_dir/.lock``).
+
+Command line (logs go to stderr, only shell code goes to stdout)::
+
+    python -m common.devservices ensure [--force-private] [--run-dir .run]   # prints exports
+    python -m common.devservices exec [--force-private] [--run-dir .run] -- CMD [ARG...]
+    python -m common.devservices stop [--run-dir .run]
+
+``ensure`` prints ``export DATABASE_URL=...`` and ``export REDIS_URL=...``; ``exec`` sets both in
+the environment and replaces itself with ``CMD``. Both read ``DATABASE_URL`` / ``REDIS_URL`` from
+the environment (an empty value counts as unset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import contextlib
+import fcntl
+import os
+import pwd
+import re
+import shlex
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = [
+    "DATABASE_NAME",
+    "DevServicesError",
+    "ServiceUrls",
+    "ensure_services",
+    "main",
+    "stop_private",
+]
+
+DATABASE_NAME = "authio"
+"""Database created on the default local server and on the private cluster."""
+
+PG_SUPERUSER = "postgres"
+FALLBACK_SYSTEM_USER = "authio"
+"""System user created (as root) to run the private cluster when ``postgres`` does not exist."""
+
+LOCALHOST = "127.0.0.1"
+PG_DIR, PG_INIT_DIR, PG_LOG = "pg", "pg.init", "pg.log"
+REDIS_DIR, REDIS_PIDFILE, REDIS_LOGFILE, REDIS_PORTFILE = "redis", "redis.pid", "redis.log", "port"
+LOCK_FILE = ".lock"
+PG_MARKER = "# --- authio devservices: private development cluster ---"
+
+_T = TypeVar("_T")
+Log = Callable[[str], None]
+
+
+class DevServicesError(RuntimeError):
+    """A service cannot be provided; the message says why and what to do about it."""
+
+
+@dataclass(frozen=True)
+class ServiceUrls:
+    """What :func:`ensure_services` settled on.
+
+    ``database_url`` is a ``postgresql://`` URL, ``redis_url`` a ``redis://`` URL; ``started``
+    names the private services this very call started (``"postgres"``, ``"redis"``), so it is
+    empty when everything was configured, already answering, or reused.
+    """
+
+    database_url: str
+    redis_url: str
+    started: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _User:
+    """The account the private PostgreSQL runs as (``None`` in place of it: the caller)."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: frozenset[int]
+
+
+# --------------------------------------------------------------------------------------------
+# Public API
+
+
+def ensure_services(
+    *,
+    run_dir: Path,
+    database_url: str | None,
+    redis_url: str | None,
+    pg_port: int = 5432,
+    redis_port: int = 6379,
+    force_private: bool = False,
+    private_pg_port: int = 55432,
+    private_redis_port: int = 56379,
+    log: Log = print,
+    connect_timeout: float = 10.0,
+) -> ServiceUrls:
+    """Make sure a PostgreSQL and a Redis answer; return their URLs (see the module docstring).
+
+    ``run_dir`` is created when missing (only if a private instance is needed). ``log`` receives
+    one human-readable line per decision. ``connect_timeout`` bounds the probe of a configured
+    URL.
+
+    Raises :class:`DevServicesError` when a configured URL does not answer, when a private
+    instance cannot be installed or started (the message includes the tail of its log), or when
+    a private port is taken by a process that is not ours.
+    """
+    run_dir = Path(run_dir).absolute()
+    database_url = database_url or None
+    redis_url = redis_url or None
+    started: list[str] = []
+
+    # Decide what can be had without starting anything.
+    db: str | None = None
+    rd: str | None = None
+    if force_private:
+        log("devservices: --force-private: using private instances only")
+    else:
+        if database_url is not None:
+            error = _pg_check(database_url, wait=connect_timeout)
+            if error is not None:
+                raise DevServicesError(
+                    f"DATABASE_URL={_redact(database_url)} does not answer within {connect_timeout:g} s: {error}"
+                )
+            log(f"devservices: postgres: using DATABASE_URL={_redact(database_url)}")
+            db = database_url
+        else:
+            db = _try_local_pg(pg_port, log)
+        if redis_url is not None:
+            error = _redis_check(redis_url, wait=connect_timeout)
+            if error is not None:
+                raise DevServicesError(
+                    f"REDIS_URL={_redact(redis_url)} does not answer within {connect_timeout:g} s: {error}"
+                )
+            log(f"devservices: redis: using REDIS_URL={_redact(redis_url)}")
+            rd = redis_url
+        else:
+            rd = _try_local_redis(redis_port, log)
+
+    if db is None or rd is None:
+        _make_dir(run_dir)
+        with _locked(run_dir):
+            _install_missing(need_pg=db is None, need_redis=rd is None, run_dir=run_dir, log=log)
+            if db is None:
+                port, did_start = _ensure_private_pg(run_dir, private_pg_port, log)
+                db = _pg_url(port, DATABASE_NAME)
+                if did_start:
+                    started.append("postgres")
+            if rd is None:
+                port, did_start = _ensure_private_redis(run_dir, private_redis_port, log)
+                rd = _redis_url(port)
+                if did_start:
+                    started.append("redis")
+    return ServiceUrls(database_url=db, redis_url=rd, started=tuple(started))
+
+
+def stop_private(run_dir: Path, *, log: Log = print) -> None:
+    """Stop the private PostgreSQL and Redis started under ``run_dir``, if they run.
+
+    PostgreSQL: ``pg_ctl stop -m fast`` (or SIGINT to the postmaster when no ``pg_ctl`` is
+    found); Redis: ``SHUTDOWN NOSAVE`` (SIGTERM if it does not exit within 10 s). Data stays in
+    ``run_dir``; the next :func:`ensure_services` starts them again without a new initdb. Does
+    nothing for services that are not running. Raises :class:`DevServicesError` if a service
+    does not stop.
+    """
+    run_dir = Path(run_dir).absolute()
+    if not run_dir.is_dir():
+        return
+    with _locked(run_dir):
+        _stop_private_pg(run_dir, log)
+        _stop_private_redis(run_dir, log)
+
+
+# --------------------------------------------------------------------------------------------
+# Probing
+
+
+def _tcp_open(port: int, host: str = LOCALHOST, timeout: float = 1.0) -> bool:
+    """Whether something accepts TCP connections on ``host:port``."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _run_async(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to completion, also when called from inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    if text:
+        return f"{type(exc).__name__}: {text[0]}"
+    return f"{type(exc).__name__}: no reply" if isinstance(exc, TimeoutError) else repr(exc)
+
+
+def _retryable(exc: BaseException, starting_up: type[BaseException]) -> bool:
+    """Whether ``exc`` means "not there yet": a refused connection (anywhere in its chain) or a
+    server that is still starting (``starting_up``). Timeouts and protocol errors are final."""
+    seen: BaseException | None = exc
+    for _ in range(10):  # the chain is short; the bound guards against cycles
+        if seen is None:
+            break
+        if isinstance(seen, (ConnectionRefusedError, starting_up)):
+            return True
+        if "connection refused" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+async def _pg_attempt(dsn: str, step_limit: float, create_db: str | None) -> None:
+    """One connection: ``SELECT 1``, then create ``create_db`` if given and missing; each step
+    is bounded by ``step_limit`` seconds."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn, timeout=step_limit)
+    try:
+        await conn.fetchval("SELECT 1", timeout=step_limit)
+        if create_db is not None:
+            found = await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", create_db, timeout=step_limit)
+            if found is None:
+                with contextlib.suppress(asyncpg.DuplicateDatabaseError):
+                    await conn.execute(f'CREATE DATABASE "{create_db}"', timeout=step_limit)
+    finally:
+        await conn.close(timeout=step_limit)
+
+
+def _pg_check(dsn: str, *, wait: float, create_db: str | None = None) -> str | None:
+    """Connect to ``dsn`` and ``SELECT 1`` (creating ``create_db`` if given and missing).
+
+    Retries refused connections and a server that is starting up for ``wait`` seconds; gives up
+    at once on anything else (bad password, unknown database, malformed URL). Returns ``None``
+    on success, else a one-line reason.
+    """
+    import asyncpg
+
+    deadline = time.monotonic() + wait
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            _run_async(_pg_attempt(dsn, max(1.0, min(remaining, 5.0)), create_db))
+            return None
+        except Exception as exc:
+            if not _retryable(exc, asyncpg.CannotConnectNowError):
+                return _describe(exc)
+            error = _describe(exc)
+        if time.monotonic() + 0.25 >= deadline:
+            return error
+        time.sleep(0.25)
+
+
+def _redis_check(url: str, *, wait: float) -> str | None:
+    """``PING`` the Redis at ``url``, retrying refused connections and loading for ``wait`` s.
+
+    Returns ``None`` on success, else a one-line reason (authentication errors are final).
+    """
+    import redis
+
+    deadline = time.monotonic() + wait
+    while True:
+        remaining = deadline - time.monotonic()
+        per_try = max(1.0, min(remaining, 5.0))
+        try:
+            client = redis.Redis.from_url(url, socket_connect_timeout=per_try, socket_timeout=per_try)
+        except Exception as exc:
+            return _describe(exc)
+        try:
+            client.ping()
+            return None
+        except Exception as exc:
+            if isinstance(exc, redis.exceptions.AuthenticationError) or not _retryable(
+                exc, redis.exceptions.BusyLoadingError
+            ):
+                return _describe(exc)
+            error = _describe(exc)
+        finally:
+            client.close()
+        if time.monotonic() + 0.25 >= deadline:
+            return error
+        time.sleep(0.25)
+
+
+def _pg_url(port: int, database: str) -> str:
+    return f"postgresql://{PG_SUPERUSER}@{LOCALHOST}:{port}/{database}"
+
+
+def _redis_url(port: int) -> str:
+    return f"redis://{LOCALHOST}:{port}/0"
+
+
+def _redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        netloc = parts.netloc.rsplit("@", 1)
+        user = netloc[0].split(":", 1)[0]
+        return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+    except ValueError:
+        return "<unparsable URL>"
+
+
+def _try_local_pg(port: int, log: Log) -> str | None:
+    """The default local PostgreSQL URL if it answers and lets ``postgres`` in, else ``None``."""
+    if not _tcp_open(port):
+        log(f"devservices: postgres: nothing answers on {LOCALHOST}:{port}")
+        return None
+    error = _pg_check(_pg_url(port, "postgres"), wait=3.0, create_db=DATABASE_NAME)
+    if error is not None:
+        log(
+            f"devservices: postgres: {LOCALHOST}:{port} answers but is not usable "
+            f"(user {PG_SUPERUSER}, no password): {error}"
+        )
+        return None
+    url = _pg_url(port, DATABASE_NAME)
+    log(f"devservices: postgres: using the local server, {url}")
+    return url
+
+
+def _try_local_redis(port: int, log: Log) -> str | None:
+    """The default local Redis URL if it answers ``PING`` without a password, else ``None``."""
+    if not _tcp_open(port):
+        log(f"devservices: redis: nothing answers on {LOCALHOST}:{port}")
+        return None
+    url = _redis_url(port)
+    error = _redis_check(url, wait=3.0)
+    if error is not None:
+        log(f"devservices: redis: {LOCALHOST}:{port} answers but is not usable: {error}")
+        return None
+    log(f"devservices: redis: using the local server, {url}")
+    return url
+
+
+# --------------------------------------------------------------------------------------------
+# Processes, users, files
+
+
+def _tool_env() -> dict[str, str]:
+    """The environment for PostgreSQL tools: ours minus ``PG*`` variables, in the C locale."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env.update(LC_ALL="C", LANG="C")
+    return env
+
+
+def _run(
+    cmd: Sequence[str],
+    *,
+    user: _User | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120.0,
+    check: bool = True,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """Run ``cmd`` (as ``user`` when given), returning ``(exit status, stdout+stderr)``.
+
+    Output goes to a temporary file rather than a pipe, so a daemon that inherits it cannot
+    make us wait. Raises :class:`DevServicesError` on a non-zero exit when ``check``.
+    """
+    extra: dict[str, Any] = {}
+    if user is not None:
+        extra = {"user": user.uid, "group": user.gid, "extra_groups": sorted(user.groups)}
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.run(
+                list(cmd),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=env if env is not None else _tool_env(),
+                timeout=timeout,
+                check=False,
+                **extra,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise DevServicesError(f"{shlex.join(cmd)} did not finish within {timeout:g} s") from exc
+        except OSError as exc:
+            raise DevServicesError(f"cannot run {shlex.join(cmd)}: {exc}") from exc
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    if check and proc.returncode != 0:
+        raise DevServicesError(f"{shlex.join(cmd)} failed with exit status {proc.returncode}:\n{text.rstrip()}")
+    return proc.returncode, text
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return f"last lines of {path}:\n" + "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _make_dir(path: Path, mode: int = 0o755) -> None:
+    if not path.is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(mode)
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``run_dir/.lock`` (serializes concurrent ``make`` runs)."""
+    with open(run_dir / LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _user_from_pw(entry: pwd.struct_passwd) -> _User:
+    import grp
+
+    groups = {entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if entry.pw_name in g.gr_mem}
+    return _User(entry.pw_name, entry.pw_uid, entry.pw_gid, frozenset(groups))
+
+
+def _pg_service_user(data_dir: Path, log: Log) -> _User | None:
+    """The unprivileged account to run PostgreSQL as, or ``None`` when not running as root.
+
+    Prefers the owner of an existing data directory, then ``postgres``, then ``authio``
+    (created with ``useradd --system`` if missing).
+    """
+    if os.geteuid() != 0:
+        return None
+    if data_dir.exists():
+        owner = data_dir.stat().st_uid
+        if owner != 0:
+            with contextlib.suppress(KeyError):
+                return _user_from_pw(pwd.getpwuid(owner))
+    for name in (PG_SUPERUSER, FALLBACK_SYSTEM_USER):
+        with contextlib.suppress(KeyError):
+            return _user_from_pw(pwd.getpwnam(name))
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    log(f"devservices: creating system user {FALLBACK_SYSTEM_USER!r} to run PostgreSQL (not root)")
+    _run(
+        [
+            useradd,
+            "--system",
+            "--user-group",
+            "--no-create-home",
+            "--home-dir",
+            "/nonexistent",
+            "--shell",
+            "/usr/sbin/nologin",
+            FALLBACK_SYSTEM_USER,
+        ],
+        env=dict(os.environ),
+    )
+    return _user_from_pw(pwd.getpwnam(FALLBACK_SYSTEM_USER))
+
+
+def _give_to(path: Path, user: _User | None) -> None:
+    """Make ``user`` own ``path`` (recursively for directories that still belong to root)."""
+    if user is None:
+        return
+    if path.stat().st_uid != user.uid:
+        os.chown(path, user.uid, user.gid)
+        if path.is_dir():
+            for root, dirs, files in os.walk(path):
+                for name in dirs + files:
+                    os.chown(os.path.join(root, name), user.uid, user.gid, follow_symlinks=False)
+
+
+def _ensure_traversable(path: Path, user: _User | None, log: Log) -> None:
+    """Give ``user`` the search (x) permission on every directory from ``/`` down to ``path``.
+
+    Only the one permission class that applies to ``user`` (owner, group or other) is changed,
+    and only where it lacks ``x``; each change is logged.
+    """
+    if user is None:
+        return
+    for directory in [*reversed(path.parents), path]:
+        st = directory.stat()
+        if st.st_uid == user.uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid in user.groups:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            mode = stat.S_IMODE(st.st_mode) | bit
+            log(
+                f"devservices: chmod {mode:o} {directory} so that user {user.name!r} "
+                "can reach the private PostgreSQL data directory"
+            )
+            directory.chmod(mode)
+
+
+# --------------------------------------------------------------------------------------------
+# Binaries and installation
+
+
+def _pg_candidate_bindirs() -> list[Path]:
+    """Directories holding ``postgres``, ``initdb`` and ``pg_ctl``: ``$PATH`` first, then
+    ``/usr/lib/postgresql/*/bin`` from the highest major version down."""
+    found: list[Path] = []
+    on_path = shutil.which("postgres")
+    if on_path is not None:
+        found.append(Path(on_path).resolve().parent)
+    debian = Path("/usr/lib/postgresql")
+    if debian.is_dir():
+        versions = [p for p in debian.iterdir() if re.fullmatch(r"\d+(\.\d+)?", p.name)]
+        for version in sorted(versions, key=lambda p: [int(x) for x in p.name.split(".")], reverse=True):
+            found.append(version / "bin")
+    result: list[Path] = []
+    for bindir in found:
+        tools = ("postgres", "initdb", "pg_ctl")
+        complete = all(os.access(bindir / tool, os.X_OK) for tool in tools)
+        if complete and bindir not in result:
+            result.append(bindir)
+    return result
+
+
+def _pg_major(bindir: Path) -> str | None:
+    _, out = _run([str(bindir / "postgres"), "--version"], check=False, timeout=30)
+    match = re.search(r"\(PostgreSQL\)\s+(\d+)(?:\.(\d+))?", out)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return str(major) if major >= 10 else f"{major}.{match.group(2)}"
+
+
+def _find_pg_bindir(data_dir: Path | None) -> Path | None:
+    """The PostgreSQL binaries to use: those matching ``data_dir/PG_VERSION`` when it exists."""
+    candidates = _pg_candidate_bindirs()
+    want = None
+    if data_dir is not None and (data_dir / "PG_VERSION").is_file():
+        want = (data_dir / "PG_VERSION").read_text().strip()
+    if want is None:
+        return candidates[0] if candidates else None
+    for bindir in candidates:
+        if _pg_major(bindir) == want:
+            return bindir
+    return None
+
+
+def _install_missing(*, need_pg: bool, need_redis: bool, run_dir: Path, log: Log) -> None:
+    """Install the Debian packages for the servers about to be started when their binaries are
+    missing (one ``apt-get`` run). Raises :class:`DevServicesError` when that is not possible."""
+    packages: list[str] = []
+    if need_pg and _find_pg_bindir(run_dir / PG_DIR) is None:
+        if (run_dir / PG_DIR / "PG_VERSION").is_file() and _pg_candidate_bindirs():
+            version = (run_dir / PG_DIR / "PG_VERSION").read_text().strip()
+            raise DevServicesError(
+                f"{run_dir / PG_DIR} was created by PostgreSQL {version}, whose binaries are "
+                f"not installed; install postgresql-{version} or delete {run_dir / PG_DIR}"
+            )
+        packages.append("postgresql")
+    if need_redis and shutil.which("redis-server") is None:
+        packages.append("redis-server")
+    if not packages:
+        return
+    wanted = " ".join(packages)
+    apt_get = shutil.which("apt-get")
+    if os.geteuid() != 0 or apt_get is None:
+        why = "not running as root" if os.geteuid() != 0 else "apt-get is not available"
+        raise DevServicesError(
+            f"server binaries missing and cannot install them ({why}): install the packages "
+            f"{wanted} (Debian: sudo apt-get install -y {wanted}), or set DATABASE_URL / "
+            "REDIS_URL to running servers"
+        )
+    log(f"devservices: installing {wanted} with apt-get (this can take a minute)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    # apt's chatter goes to our stderr: stdout may be captured as shell code by `ensure`.
+    for cmd in (
+        [apt_get, "update"],
+        [apt_get, "install", "-y", "--no-install-recommends", *packages],
+    ):
+        try:
+            status = subprocess.run(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=2,
+                stderr=2,
+                env=env,
+                timeout=1800,
+                check=False,
+            ).returncode
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DevServicesError(f"{shlex.join(cmd)} failed: {exc}") from exc
+        if status != 0:
+            raise DevServicesError(f"{shlex.join(cmd)} failed with exit status {status}")
+    if need_pg and "postgresql" in packages and not _pg_candidate_bindirs():
+        raise DevServicesError("installed postgresql but found no postgres/initdb/pg_ctl binaries")
+    if need_redis and "redis-server" in packages and shutil.which("redis-server") is None:
+        raise DevServicesError("installed redis-server but found no redis-server binary")
+
+
+# --------------------------------------------------------------------------------------------
+# Private PostgreSQL
+
+
+def _postmaster_pid_file(data_dir: Path) -> tuple[int, int] | None:
+    """``(pid, port)`` from ``postmaster.pid``, or ``None`` if absent or unreadable."""
+    try:
+        lines = (data_dir / "postmaster.pid").read_text().splitlines()
+        return int(lines[0]), int(lines[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a live (non-zombie) process."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def _init_pg_cluster(run_dir: Path, bindir: Path, user: _User | None, log: Log) -> None:
+    """``initdb`` into ``run_dir/pg.init``, configure it, then rename it to ``run_dir/pg``.
+
+    The rename makes the initialisation all-or-nothing: an interrupted initdb leaves only
+    ``pg.init``, which the next call discards.
+    """
+    staging = run_dir / PG_INIT_DIR
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(mode=0o700)
+    _give_to(staging, user)
+    log(f"devservices: postgres: initdb {run_dir / PG_DIR} ({bindir})")
+    _run(
+        [
+            str(bindir / "initdb"),
+            "-D",
+            str(staging),
+            "--auth=trust",
+            "-U",
+            PG_SUPERUSER,
+            "--encoding=UTF8",
+            "--locale=C",
+            "--no-sync",
+        ],
+        user=user,
+        cwd=run_dir,
+    )
+    with open(staging / "postgresql.conf", "a") as conf:
+        conf.write(
+            f"\n{PG_MARKER}\n"
+            f"listen_addresses = '{LOCALHOST}'\n"
+            "unix_socket_directories = ''\t# TCP only: no socket path length limits\n"
+            "synchronous_commit = off\t# a crash may lose the last commits, never corrupts\n"
+        )
+    staging.rename(run_dir / PG_DIR)
+
+
+def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
+    """Initialise (once) and start (unless running) the private cluster; make sure database
+    ``authio`` exists. Returns ``(port it listens on, whether this call started it)``."""
+    data_dir = run_dir / PG_DIR
+    bindir = _find_pg_bindir(data_dir)
+    if bindir is None:  # _install_missing ran just before; this is a genuine failure
+        raise DevServicesError("no PostgreSQL server binaries (postgres, initdb, pg_ctl) found")
+    user = _pg_service_user(data_dir, log)
+    log_file = run_dir / PG_LOG
+    if not (data_dir / "PG_VERSION").is_file():
+        if data_dir.exists():
+            raise DevServicesError(f"{data_dir} exists but is not a PostgreSQL data directory; delete it")
+        _ensure_traversable(run_dir, user, log)
+        _init_pg_cluster(run_dir, bindir, user, log)
+    _give_to(data_dir, user)
+    _ensure_traversable(data_dir, user, log)
+
+    pg_ctl = str(bindir / "pg_ctl")
+    status, _ = _run([pg_ctl, "status", "-D", str(data_dir)], user=user, cwd=run_dir, check=False, timeout=30)
+    running = _postmaster_pid_file(data_dir)
+    if status == 0 and running is not None:
+        actual_port = running[1]
+        if actual_port != port:
+            log(f"devservices: postgres: private instance already runs on port {actual_port} (not {port}); reusing it")
+        error = _pg_check(_pg_url(actual_port, "postgres"), wait=10.0, create_db=DATABASE_NAME)
+        if error is None:
+            log(f"devservices: postgres: reusing private instance on {LOCALHOST}:{actual_port}")
+            return actual_port, False
+        raise DevServicesError(
+            f"the private PostgreSQL in {data_dir} runs but does not answer on port "
+            f"{actual_port} ({error}); stop it with `python -m common.devservices stop`"
+        )
+
+    if _tcp_open(port):
+        raise DevServicesError(
+            f"cannot start the private PostgreSQL: port {port} is in use by another process; "
+            "pick another private_pg_port (--private-pg-port)"
+        )
+    if not log_file.exists():
+        log_file.touch(mode=0o644)
+    _give_to(log_file, user)
+    began = time.monotonic()
+    try:
+        _run(
+            [
+                pg_ctl,
+                "start",
+                "-D",
+                str(data_dir),
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                str(log_file),
+                "-o",
+                f"-p {port}",
+            ],
+            user=user,
+            cwd=run_dir,
+            timeout=90,
+        )
+    except DevServicesError as exc:
+        raise DevServicesError(f"{exc}\n{_tail(log_file)}") from exc
+    error = _pg_check(_pg_url(port, "postgres"), wait=15.0, create_db=DATABASE_NAME)
+    if error is not None:
+        raise DevServicesError(
+            f"the private PostgreSQL started but does not answer on port {port}: {error}\n{_tail(log_file)}"
+        )
+    owner = f" as user {user.name!r}" if user is not None else ""
+    log(
+        f"devservices: postgres: started private instance on {LOCALHOST}:{port}{owner} in "
+        f"{time.monotonic() - began:.1f} s (data {data_dir}, log {log_file})"
+    )
+    return port, True
+
+
+def _stop_private_pg(run_dir: Path, log: Log) -> None:
+    data_dir = run_dir / PG_DIR
+    running = _postmaster_pid_file(data_dir)
+    if running is None or not _pid_alive(running[0]):
+        return
+    pid, port = running
+    bindir = _find_pg_bindir(data_dir)
+    if bindir is not None:
+        user = _pg_service_user(data_dir, log)
+        _run(
+            [str(bindir / "pg_ctl"), "stop", "-D", str(data_dir), "-m", "fast", "-w", "-t", "60"],
+            user=user,
+            cwd=run_dir,
+            timeout=90,
+        )
+    else:  # binaries gone: SIGINT is what "pg_ctl stop -m fast" sends
+        os.kill(pid, signal.SIGINT)
+        _wait_until(lambda: not _pid_alive(pid), 60.0, f"PostgreSQL (pid {pid}) to stop")
+    log(f"devservices: postgres: stopped private instance on {LOCALHOST}:{port}")
+
+
+# --------------------------------------------------------------------------------------------
+# Private Redis
+
+
+def _wait_until(done: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() >= deadline:
+            raise DevServicesError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _private_redis_running(redis_dir: Path) -> tuple[int, int] | None:
+    """``(pid, port)`` of the private Redis if its pid file names a live ``redis-server``."""
+    try:
+        pid = int((redis_dir / REDIS_PIDFILE).read_text().strip())
+        port = int((redis_dir / REDIS_PORTFILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if not _pid_alive(pid):
+        return None
+    with contextlib.suppress(OSError):
+        if b"redis" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return None  # the pid was reused by something else
+    return pid, port
+
+
+def _ensure_private_redis(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
+    """Start (unless running) the private Redis. Returns ``(port, whether this call started
+    it)``."""
+    redis_dir = run_dir / REDIS_DIR
+    _make_dir(redis_dir)
+    running = _private_redis_running(redis_dir)
+    if running is not None:
+        actual_port = running[1]
+        error = _redis_check(_redis_url(actual_port), wait=5.0)
+        if error is None:
+            if actual_port != port:
+                log(f"devservices: redis: private instance already runs on port {actual_port} (not {port}); reusing it")
+            log(f"devservices: redis: reusing private instance on {LOCALHOST}:{actual_port}")
+            return actual_port, False
+        raise DevServicesError(
+            f"the private Redis (pid {running[0]}) runs but does not answer on port "
+            f"{actual_port} ({error}); stop it with `python -m common.devservices stop`"
+        )
+    if _tcp_open(port):
+        raise DevServicesError(
+            f"cannot start the private Redis: port {port} is in use by another process; "
+            "pick another private_redis_port (--private-redis-port)"
+        )
+    server = shutil.which("redis-server")
+    if server is None:
+        raise DevServicesError("no redis-server binary found")
+    pidfile, logfile = redis_dir / REDIS_PIDFILE, redis_dir / REDIS_LOGFILE
+    pidfile.unlink(missing_ok=True)
+    (redis_dir / REDIS_PORTFILE).write_text(f"{port}\n")
+    began = time.monotonic()
+    _run(
+        [
+            server,
+            "--port",
+            str(port),
+            "--bind",
+            LOCALHOST,
+            "--daemonize",
+            "yes",
+            "--dir",
+            str(redis_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--pidfile",
+            str(pidfile),
+            "--logfile",
+            str(logfile),
+        ],
+        cwd=redis_dir,
+        env=dict(os.environ),
+        timeout=30,
+    )
+    error = _redis_check(_redis_url(port), wait=10.0)
+    if error is not None:
+        raise DevServicesError(f"the private Redis did not come up on port {port}: {error}\n{_tail(logfile)}")
+    log(
+        f"devservices: redis: started private instance on {LOCALHOST}:{port} in "
+        f"{time.monotonic() - began:.1f} s (dir {redis_dir})"
+    )
+    return port, True
+
+
+def _stop_private_redis(run_dir: Path, log: Log) -> None:
+    redis_dir = run_dir / REDIS_DIR
+    running = _private_redis_running(redis_dir)
+    if running is None:
+        return
+    pid, port = running
+    with contextlib.suppress(OSError), socket.create_connection((LOCALHOST, port), 5) as conn:
+        conn.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$6\r\nNOSAVE\r\n")
+        conn.settimeout(5)
+        with contextlib.suppress(OSError):
+            conn.recv(1024)  # the server closes the connection as it exits
+    try:
+        _wait_until(lambda: not _pid_alive(pid), 10.0, f"Redis (pid {pid}) to stop")
+    except DevServicesError:
+        os.kill(pid, signal.SIGTERM)
+        _wait_until(lambda: not _pid_alive(pid), 10.0, f"Redis (pid {pid}) to stop after SIGTERM")
+    (redis_dir / REDIS_PIDFILE).unlink(missing_ok=True)
+    log(f"devservices: redis: stopped private instance on {LOCALHOST}:{port}")
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m common.devservices",
+        description="Provide PostgreSQL and Redis for `make run` / `make test`.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path(".run"),
+        help="where private instances live (default: .run)",
+    )
+    ensure_opts = argparse.ArgumentParser(add_help=False)
+    ensure_opts.add_argument(
+        "--force-private",
+        action="store_true",
+        help="ignore DATABASE_URL/REDIS_URL and local servers",
+    )
+    ensure_opts.add_argument("--pg-port", type=int, default=5432)
+    ensure_opts.add_argument("--redis-port", type=int, default=6379)
+    ensure_opts.add_argument("--private-pg-port", type=int, default=55432)
+    ensure_opts.add_argument("--private-redis-port", type=int, default=56379)
+    sub.add_parser(
+        "ensure",
+        parents=[common, ensure_opts],
+        help="print `export DATABASE_URL=... REDIS_URL=...` shell lines",
+    )
+    run = sub.add_parser(
+        "exec",
+        parents=[common, ensure_opts],
+        help="run a command with DATABASE_URL and REDIS_URL set",
+    )
+    run.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+    sub.add_parser("stop", parents=[common], help="stop private instances")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point (see the module docstring); returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "stop":
+            stop_private(args.run_dir, log=_stderr)
+            return 0
+        urls = ensure_services(
+            run_dir=args.run_dir,
+            database_url=os.environ.get("DATABASE_URL"),
+            redis_url=os.environ.get("REDIS_URL"),
+            pg_port=args.pg_port,
+            redis_port=args.redis_port,
+            force_private=args.force_private,
+            private_pg_port=args.private_pg_port,
+            private_redis_port=args.private_redis_port,
+            log=_stderr,
+        )
+    except DevServicesError as exc:
+        _stderr(f"devservices: error: {exc}")
+        return 1
+    if args.command == "ensure":
+        print(f"export DATABASE_URL={shlex.quote(urls.database_url)}")
+        print(f"export REDIS_URL={shlex.quote(urls.redis_url)}", flush=True)
+        return 0
+    command = list(args.argv)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        _stderr("devservices: error: exec needs a command: exec -- CMD [ARG...]")
+        return 2
+    env = dict(os.environ, DATABASE_URL=urls.database_url, REDIS_URL=urls.redis_url)
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        _stderr(f"devservices: error: cannot run {command[0]}: {exc}")
+        return 127
+
+
+if __name__ == "__main__":
+    sys.exit(main())
