@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 
 from aiohttp import web
 
@@ -12,7 +13,7 @@ from common.appkeys import PG_POOL, SETTINGS
 from common.runtime import base_app, install_resources
 from common.settings import Settings
 from control_plane import api_keys, bootstrap, projects, stores, tuples
-from control_plane.audit_partitions import run_partition_manager
+from control_plane.audit_partitions import manage_partitions, run_partition_manager
 
 
 def setup_control_plane(app: web.Application) -> None:
@@ -34,6 +35,11 @@ def setup_control_plane(app: web.Application) -> None:
 
 async def _workers(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    async with app[PG_POOL].acquire() as conn:
+        await manage_partitions(
+            conn, now=datetime.now(UTC), forward_months=settings.audit_forward_months,
+            retention_months=settings.audit_retention_months,
+        )
     tasks = [
         asyncio.create_task(run_partition_manager(
             app[PG_POOL], forward_months=settings.audit_forward_months,

@@ -75,13 +75,21 @@ async def manage_partitions(
                    WHERE p.relname = 'audit_events'"""
             )
         }
+        missing = []
         month = first
         while month <= last:
-            name = partition_name(month)
-            if name not in existing:
-                moved += await _create_partition(conn, name, month, add_months(month, 1))
-                created.append(name)
+            if partition_name(month) not in existing:
+                missing.append(month)
             month = add_months(month, 1)
+        if missing:
+            # An insert planned before a new partition is attached could still route to the
+            # DEFAULT partition and then fail its new constraint; holding the parent exclusively
+            # until commit (partitions are created rarely, in milliseconds) rules that out.
+            await conn.execute("LOCK TABLE audit_events IN ACCESS EXCLUSIVE MODE")
+        for month in missing:
+            name = partition_name(month)
+            moved += await _create_partition(conn, name, month, add_months(month, 1))
+            created.append(name)
         for name in sorted(existing):
             m = _NAME_RE.match(name)
             if m is None:
@@ -121,8 +129,13 @@ async def _create_partition(conn: asyncpg.Connection, name: str, lo: date, hi: d
 async def run_partition_manager(
     pool: asyncpg.Pool, *, forward_months: int, retention_months: int, interval_seconds: float
 ) -> None:
-    """Run forever: a pass at once, then every ``interval_seconds``; failures are logged."""
+    """Run forever: a pass every ``interval_seconds``; failures are logged.
+
+    The caller runs the first pass itself (``manage_partitions``) before serving, so the current
+    month's partition exists before the first audit insert.
+    """
     while True:
+        await asyncio.sleep(interval_seconds)
         try:
             async with pool.acquire() as conn:
                 report = await manage_partitions(
@@ -135,4 +148,3 @@ async def run_partition_manager(
             raise
         except Exception:
             log.exception("audit partition pass failed; retrying next cycle")
-        await asyncio.sleep(interval_seconds)

@@ -1,0 +1,199 @@
+"""Validation of relationship-tuple strings, shared by the control plane (writes) and the
+engine (check requests).
+
+Formats (SPEC.md section 2, "Authorization tuple"):
+
+* object: ``type:id``
+* relation: a relation name
+* user: ``type:id`` (a subject) or ``type:id#relation`` (a userset)
+
+Rules, close to OpenFGA's but stricter where a character would make the tuple notation
+``object#relation@user`` ambiguous or a log line unreadable:
+
+* type: ASCII letters, digits, ``_ . -``; starts with a letter, digit or ``_``; 1-64 chars.
+* id: 1-256 chars of Unicode letters and digits, ``_``, and ``. - | / = + ~ %``; so no
+  whitespace, control characters, ``:``, ``#``, ``*`` or ``@`` (``@`` separates object and
+  user in the tuple notation ``object#relation@user`` used in resolution paths and logs, so
+  it may appear nowhere inside a part; e-mail addresses are not ids).
+* relation: ASCII letters, digits, ``_ -``; starts with a letter or ``_``; 1-64 chars.
+* whole object at most 320 chars; whole user at most 385 (an object plus ``#relation``).
+* wildcards (``type:*``) are not supported (SPEC.md section 4, endpoint rule 4: direct and
+  userset rules only) and are rejected with their own message.
+
+Every function is pure and uses precompiled regular expressions: the happy path is one
+``fullmatch`` per string; the slower diagnosis runs only to word the error.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+__all__ = [
+    "MAX_ID_LENGTH",
+    "MAX_NAME_LENGTH",
+    "MAX_OBJECT_LENGTH",
+    "MAX_USER_LENGTH",
+    "TupleFormatError",
+    "validate_object",
+    "validate_relation",
+    "validate_tuple",
+    "validate_user",
+]
+
+MAX_NAME_LENGTH: Final = 64
+"""Longest type or relation name."""
+MAX_ID_LENGTH: Final = 256
+"""Longest object or user id (the part after ``type:``)."""
+MAX_OBJECT_LENGTH: Final = 320
+"""Longest ``type:id``."""
+MAX_USER_LENGTH: Final = MAX_OBJECT_LENGTH + 1 + MAX_NAME_LENGTH
+"""Longest ``type:id#relation``."""
+
+_TYPE: Final = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}"
+_ID_CHAR: Final = r"[\w.|/=+~%\-]"
+_ID: Final = _ID_CHAR + r"{1,256}"
+_RELATION: Final = r"[A-Za-z_][A-Za-z0-9_\-]{0,63}"
+
+OBJECT_RE: Final = re.compile(f"{_TYPE}:{_ID}")
+"""``type:id`` (use ``fullmatch``; lengths are checked separately)."""
+RELATION_RE: Final = re.compile(_RELATION)
+"""A relation name (use ``fullmatch``)."""
+USER_RE: Final = re.compile(f"{_TYPE}:{_ID}(?:#{_RELATION})?")
+"""``type:id`` or ``type:id#relation`` (use ``fullmatch``; lengths are checked separately)."""
+
+_TYPE_RE: Final = re.compile(_TYPE)
+_ID_CHAR_RE: Final = re.compile(_ID_CHAR)
+_BAD_SPACE_RE: Final = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
+
+_NAME_RULE: Final = "letters, digits and '_' (also '.' and '-' for types), at most 64 characters"
+
+
+class TupleFormatError(ValueError):
+    """A tuple string is malformed; ``field`` names the part (object, relation or user)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}")
+
+
+def validate_object(value: object) -> str:
+    """Return ``value`` if it is a valid ``type:id`` object, else raise TupleFormatError."""
+    if type(value) is str and len(value) <= MAX_OBJECT_LENGTH and OBJECT_RE.fullmatch(value):
+        return value
+    raise TupleFormatError("object", _diagnose_object("object", value))
+
+
+def validate_relation(value: object) -> str:
+    """Return ``value`` if it is a valid relation name, else raise TupleFormatError."""
+    if type(value) is str and RELATION_RE.fullmatch(value):
+        return value
+    raise TupleFormatError("relation", _diagnose_relation("relation", value))
+
+
+def validate_user(value: object) -> str:
+    """Return ``value`` if it is ``type:id`` or ``type:id#relation``, else raise
+    TupleFormatError."""
+    if type(value) is str and len(value) <= MAX_USER_LENGTH and USER_RE.fullmatch(value):
+        return value
+    raise TupleFormatError("user", _diagnose_user(value))
+
+
+def validate_tuple(object: object, relation: object, user: object) -> None:
+    """Validate all three parts of a tuple; raise TupleFormatError for the first bad one."""
+    validate_object(object)
+    validate_relation(relation)
+    validate_user(user)
+
+
+# --- diagnosis: only runs when the fast check failed ------------------------------------------
+
+
+def _diagnose_common(what: str, value: object) -> str | None:
+    if not isinstance(value, str):
+        return f"{what} must be a string, got {type(value).__name__}"
+    if not value:
+        return f"{what} is empty"
+    bad = _BAD_SPACE_RE.search(value)
+    if bad:
+        return f"{what} {value!r} contains whitespace or a control character at {bad.start()}"
+    return None
+
+
+def _diagnose_object(what: str, value: object) -> str:
+    problem = _diagnose_common(what, value)
+    if problem is not None:
+        return problem
+    assert isinstance(value, str)
+    if "#" in value:
+        return (f"{what} {value!r} must not contain '#'; usersets ('type:id#relation') "
+                "are only allowed as the user")
+    return _diagnose_typed_id(what, value)
+
+
+def _diagnose_typed_id(what: str, value: str) -> str:
+    """Why ``value`` (no '#', no whitespace) is not a valid ``type:id``."""
+    if ":" not in value:
+        return f"{what} {value!r} is missing ':'; expected 'type:id'"
+    if value.count(":") > 1:
+        return f"{what} {value!r} has more than one ':'; expected 'type:id'"
+    type_, _, id_ = value.partition(":")
+    if not type_:
+        return f"{what} {value!r} has an empty type before ':'"
+    if not id_:
+        return f"{what} {value!r} has an empty id after ':'"
+    if "*" in id_:
+        return f"{what} {value!r}: wildcards ('type:*') are not supported"
+    if "@" in value:
+        return (f"{what} {value!r} must not contain '@' (it separates object and user in "
+                "'object#relation@user')")
+    if len(type_) > MAX_NAME_LENGTH:
+        return (f"{what} type is {len(type_)} characters long; at most {MAX_NAME_LENGTH} "
+                "are allowed")
+    if not _TYPE_RE.fullmatch(type_):
+        return (f"{what} type {type_!r} is invalid: use {_NAME_RULE}, "
+                "starting with a letter, digit or '_'")
+    if len(id_) > MAX_ID_LENGTH:
+        return f"{what} id is {len(id_)} characters long; at most {MAX_ID_LENGTH} are allowed"
+    for ch in id_:
+        if not _ID_CHAR_RE.fullmatch(ch):
+            return (f"{what} id {id_!r} contains {ch!r}; ids may use letters, digits and "
+                    "'_ . - | / = + ~ %'")
+    if len(value) > MAX_OBJECT_LENGTH:
+        return f"{what} is {len(value)} characters long; at most {MAX_OBJECT_LENGTH} are allowed"
+    return f"{what} {value!r} is not a valid 'type:id'"  # pragma: no cover - defensive
+
+
+def _diagnose_relation(what: str, value: object) -> str:
+    problem = _diagnose_common(what, value)
+    if problem is not None:
+        return problem
+    assert isinstance(value, str)
+    if len(value) > MAX_NAME_LENGTH:
+        return f"{what} is {len(value)} characters long; at most {MAX_NAME_LENGTH} are allowed"
+    for sep in ("#", ":", "@"):
+        if sep in value:
+            return f"{what} {value!r} must not contain {sep!r}; it is a bare relation name"
+    return (f"{what} {value!r} is invalid: use letters, digits, '_' and '-', starting with a "
+            "letter or '_'")
+
+
+def _diagnose_user(value: object) -> str:
+    problem = _diagnose_common("user", value)
+    if problem is not None:
+        return problem
+    assert isinstance(value, str)
+    if value.count("#") > 1:
+        return f"user {value!r} has more than one '#'; expected 'type:id' or 'type:id#relation'"
+    base, hash_, relation = value.partition("#")
+    if hash_ and not base:
+        return f"user {value!r} has nothing before '#'; expected 'type:id#relation'"
+    if hash_:
+        if not relation:
+            return f"user {value!r} has an empty relation after '#'"
+        if not RELATION_RE.fullmatch(relation):
+            return _diagnose_relation("user relation", relation)
+    if len(value) > MAX_USER_LENGTH:
+        return f"user is {len(value)} characters long; at most {MAX_USER_LENGTH} are allowed"
+    return _diagnose_typed_id("user", base)

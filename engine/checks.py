@@ -1,0 +1,320 @@
+"""Permission checks over HTTP: ``POST /v1/stores/{store_id}/check`` and ``/batch-check``.
+
+The hot path of the product, so the handlers stay thin and cheap: the body is decoded with orjson
+and checked by hand (no pydantic), the store comes from memory (:mod:`engine.registry`), the rule
+is :func:`engine.graph.check`, and the answer is serialized with orjson directly.
+
+Request (check)::
+
+    {"tuple_key": {"object": "doc:1", "relation": "viewer", "user": "user:7"},
+     "consistency": {"at_least_revision": 12}}          # optional
+
+Answer (200)::
+
+    {"allowed": true, "resolution": "direct" | "userset" | "none",
+     "resolution_path": ["doc:1#viewer@user:7"], "revision": 12, "request_id": "req_..."}
+
+Batch: ``{"checks": [<check request>, ...], "consistency"?}`` with 1..1000 items, answered in order
+in ``{"results": [...], "revision", "request_id"}``; each result is an answer as above (without
+``request_id``) or ``{"error": {"code", "message", "details"}}`` for that item alone.
+
+Errors (the envelope of ``common.http``): ``missing_api_key``/``invalid_api_key`` 401,
+``insufficient_scope`` 403 (``authz:check``), ``invalid_request`` 400 with ``details.fields``
+(unknown fields are rejected), ``store_not_found`` 404 (also for another project's store),
+``resolution_too_complex`` 422 with ``details.max_depth``, ``revision_not_reached`` 503 with
+``details.requested``/``details.current``, ``not_ready`` 503 while the stores are still loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import orjson
+from aiohttp import web
+
+from common.appkeys import AUTHENTICATOR, PG_POOL, READINESS, SETTINGS
+from common.auth import Principal
+from common.errors import (
+    InvalidRequest,
+    NotReady,
+    ResolutionTooComplex,
+    RevisionNotReached,
+    ServiceError,
+    StoreNotFound,
+)
+from common.http import REQUEST_ID, read_json
+from common.runtime import base_app, install_resources
+from common.settings import Settings
+from common.tuples import TupleFormatError, validate_object, validate_relation, validate_user
+from engine import graph
+from engine.appkeys import STORES
+from engine.registry import LoadedStore, StoreRegistry
+
+__all__ = ["MAX_BATCH", "create_engine_app", "setup_engine"]
+
+MAX_BATCH: Final = 1000
+"""Most items one batch-check may hold."""
+
+SCOPE: Final = "authz:check"
+
+_CHECK_FIELDS: Final = frozenset({"tuple_key", "consistency"})
+_BATCH_FIELDS: Final = frozenset({"checks", "consistency"})
+_TUPLE_FIELDS: Final = ("object", "relation", "user")
+_TUPLE_FIELD_SET: Final = frozenset(_TUPLE_FIELDS)
+_CONSISTENCY_FIELDS: Final = frozenset({"at_least_revision"})
+_VALIDATORS: Final = (validate_object, validate_relation, validate_user)
+_JSON_HEADERS: Final = {"Content-Type": "application/json"}
+
+Fields = list[dict[str, str]]
+Parsed = tuple[str, str, str, int | None]  # object, relation, user, at_least_revision
+
+
+# -- parsing (no pydantic on the hot path) ---------------------------------------------------
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _unknown(data: dict[str, Any], allowed: frozenset[str], prefix: str, fields: Fields) -> None:
+    if not allowed.issuperset(data):
+        fields.extend({"field": prefix + str(k), "message": "unknown field"}
+                      for k in data if k not in allowed)
+
+
+def _parse_consistency(value: Any, prefix: str, fields: Fields) -> int | None:
+    """``{"at_least_revision": int >= 0}`` (or null / absent) -> the revision or None."""
+    if value is None:
+        return None
+    if type(value) is not dict:
+        fields.append({"field": prefix, "message": f"must be an object, not {_type_name(value)}"})
+        return None
+    _unknown(value, _CONSISTENCY_FIELDS, prefix + ".", fields)
+    rev = value.get("at_least_revision")
+    if rev is None:
+        return None
+    if type(rev) is not int or rev < 0:
+        fields.append({"field": prefix + ".at_least_revision",
+                       "message": "must be an integer >= 0"})
+        return None
+    return rev
+
+
+def _parse_check(data: Any, fields: Fields, where: str = "body") -> Parsed | None:
+    """One check request object -> (object, relation, user, at_least_revision).
+
+    Appends ``{"field", "message"}`` entries to ``fields`` (dotted paths relative to the check
+    object; ``where`` names the object itself when it is not one) and returns None when anything
+    is wrong.
+    """
+    if type(data) is not dict:
+        fields.append({"field": where, "message": f"must be an object, not {_type_name(data)}"})
+        return None
+    _unknown(data, _CHECK_FIELDS, "", fields)
+    key = data.get("tuple_key")
+    values: list[str] = []
+    if type(key) is not dict:
+        message = "field required" if key is None else f"must be an object, not {_type_name(key)}"
+        fields.append({"field": "tuple_key", "message": message})
+    else:
+        if not _TUPLE_FIELD_SET.issuperset(key):
+            _unknown(key, _TUPLE_FIELD_SET, "tuple_key.", fields)
+        for name, validate in zip(_TUPLE_FIELDS, _VALIDATORS, strict=True):
+            raw = key.get(name)
+            if type(raw) is not str:
+                message = "field required" if raw is None else "must be a string"
+                fields.append({"field": "tuple_key." + name, "message": message})
+                continue
+            try:
+                values.append(validate(raw))
+            except TupleFormatError as exc:
+                fields.append({"field": "tuple_key." + name, "message": exc.message})
+    at_least = _parse_consistency(data.get("consistency"), "consistency", fields)
+    if fields:
+        return None
+    return values[0], values[1], values[2], at_least
+
+
+def _invalid(fields: Fields) -> InvalidRequest:
+    first = fields[0]
+    return InvalidRequest(f"{first['field']}: {first['message']}", details={"fields": fields})
+
+
+def _parse_batch(data: dict[str, Any]) -> tuple[list[Any], int | None]:
+    """The batch envelope -> (raw items, top-level at_least_revision); raises InvalidRequest."""
+    fields: Fields = []
+    _unknown(data, _BATCH_FIELDS, "", fields)
+    checks = data.get("checks")
+    if type(checks) is not list:
+        message = "field required" if checks is None else "must be an array"
+        fields.append({"field": "checks", "message": message})
+    elif not 1 <= len(checks) <= MAX_BATCH:
+        fields.append({"field": "checks",
+                       "message": f"must hold 1 to {MAX_BATCH} items, not {len(checks)}"})
+    at_least = _parse_consistency(data.get("consistency"), "consistency", fields)
+    if fields:
+        raise _invalid(fields)
+    assert type(checks) is list
+    return checks, at_least
+
+
+# -- the shared steps ------------------------------------------------------------------------
+
+
+async def _principal(request: web.Request) -> Principal:
+    principal = await request.app[AUTHENTICATOR].authenticate(request.headers.get("Authorization"))
+    principal.require(SCOPE)
+    return principal
+
+
+async def _store(request: web.Request, principal: Principal) -> LoadedStore:
+    """The caller's store from memory (loaded on demand); StoreNotFound for a missing store and
+    for another project's store alike, NotReady while the snapshot is still loading."""
+    registry = request.app[STORES]
+    store_id = request.match_info["store_id"]
+    store = registry.peek(store_id)
+    if store is None:
+        if not registry.ready and not await registry.wait_ready(_timeout_s(request)):
+            raise NotReady()
+        store = await registry.get(store_id)
+    if store is None or store.project_id != principal.project_id:
+        raise StoreNotFound()
+    return store
+
+
+def _timeout_s(request: web.Request) -> float:
+    return request.app[SETTINGS].consistency_timeout_ms / 1000
+
+
+async def _reach(request: web.Request, store: LoadedStore, revision: int | None) -> None:
+    """Wait (bounded) until ``store`` reflects ``revision``; raises RevisionNotReached."""
+    if revision is None or store.revision >= revision:
+        return
+    if not await request.app[STORES].wait_for(store, revision, _timeout_s(request)):
+        raise _not_reached(revision, store.revision)
+
+
+def _not_reached(requested: int, current: int) -> RevisionNotReached:
+    return RevisionNotReached(
+        f"Revision {requested} is not available yet; the store is at {current}.",
+        details={"requested": requested, "current": current},
+    )
+
+
+def _answer(store: LoadedStore, parsed: Parsed, max_depth: int) -> dict[str, Any]:
+    """Run one check; raises graph.ResolutionTooComplex."""
+    result = graph.check(store.graph, object=parsed[0], relation=parsed[1], user=parsed[2],
+                         max_depth=max_depth)
+    return {"allowed": result.allowed, "resolution": result.resolution,
+            "resolution_path": result.resolution_path, "revision": store.revision}
+
+
+def _respond(request: web.Request, body: dict[str, Any]) -> web.Response:
+    body["request_id"] = request[REQUEST_ID]
+    return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
+
+
+def _item_error(err: ServiceError) -> dict[str, Any]:
+    return {"error": {"code": err.code, "message": err.message, "details": err.details}}
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+
+async def check(request: web.Request) -> web.Response:
+    """``POST /v1/stores/{store_id}/check``: one check; see the module docstring for shapes."""
+    principal = await _principal(request)
+    fields: Fields = []
+    parsed = _parse_check(await read_json(request), fields)
+    if parsed is None:
+        raise _invalid(fields)
+    store = await _store(request, principal)
+    await _reach(request, store, parsed[3])
+    max_depth = request.app[SETTINGS].check_max_depth
+    try:
+        body = _answer(store, parsed, max_depth)
+    except graph.ResolutionTooComplex as exc:
+        raise ResolutionTooComplex(details={"max_depth": exc.max_depth}) from None
+    return _respond(request, body)
+
+
+async def batch_check(request: web.Request) -> web.Response:
+    """``POST /v1/stores/{store_id}/batch-check``: up to 1000 checks answered in order.
+
+    Authentication, scope, the envelope, the store and the top-level ``consistency`` fail the
+    whole call; a bad item (invalid tuple or fields, depth cap hit, its own
+    ``consistency.at_least_revision`` not reached in time) only gets an ``error`` result.
+    All items are answered at one revision.
+    """
+    principal = await _principal(request)
+    items, at_least = _parse_batch(await read_json(request))
+    store = await _store(request, principal)
+    parsed: list[Parsed | InvalidRequest] = []
+    wanted = -1 if at_least is None else at_least
+    for i, item in enumerate(items):
+        fields: Fields = []
+        one = _parse_check(item, fields, f"checks[{i}]")
+        if one is None:
+            parsed.append(_invalid(fields))
+            continue
+        parsed.append(one)
+        if one[3] is not None and one[3] > wanted:
+            wanted = one[3]
+    if wanted > store.revision:  # one bounded wait covers the call's and every item's revision
+        await request.app[STORES].wait_for(store, wanted, _timeout_s(request))
+        if at_least is not None and store.revision < at_least:
+            raise _not_reached(at_least, store.revision)
+    max_depth = request.app[SETTINGS].check_max_depth
+    results: list[dict[str, Any]] = []
+    for p in parsed:  # no await below: every item sees the same revision
+        if isinstance(p, InvalidRequest):
+            results.append(_item_error(p))
+        elif p[3] is not None and p[3] > store.revision:
+            results.append(_item_error(_not_reached(p[3], store.revision)))
+        else:
+            try:
+                results.append(_answer(store, p, max_depth))
+            except graph.ResolutionTooComplex as exc:
+                results.append(_item_error(
+                    ResolutionTooComplex(details={"max_depth": exc.max_depth})))
+    return _respond(request, {"results": results, "revision": store.revision})
+
+
+# -- wiring ------------------------------------------------------------------------------------
+
+
+async def _registry_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    registry = StoreRegistry(
+        pool=app[PG_POOL], dsn=settings.database_url, poll_seconds=settings.engine_poll_seconds
+    )
+    app[STORES] = registry
+    registry.start()
+    try:
+        yield
+    finally:
+        await registry.close()
+
+
+def setup_engine(app: web.Application) -> None:
+    """Add the engine to ``app`` (built by ``common.runtime.base_app``): shared resources, the
+    store registry (started in a cleanup context; loads in the background), its readiness probe
+    (``/readyz`` answers 503 until every store is loaded and caught up), and the check routes."""
+    install_resources(app)
+    app.cleanup_ctx.append(_registry_ctx)
+
+    def stores_ready() -> bool:
+        registry = app.get(STORES)
+        return registry is not None and registry.ready
+
+    app[READINESS].append(stores_ready)
+    app.router.add_post("/v1/stores/{store_id}/check", check)
+    app.router.add_post("/v1/stores/{store_id}/batch-check", batch_check)
+
+
+def create_engine_app(settings: Settings) -> web.Application:
+    """The engine service alone: ``base_app(settings)`` plus :func:`setup_engine`."""
+    app = base_app(settings)
+    setup_engine(app)
+    return app

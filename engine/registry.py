@@ -1,0 +1,573 @@
+"""Every store's tuple graph in memory, kept current by following the ``tuple_changes`` log.
+
+Life cycle of a :class:`StoreRegistry` (DESIGN.md "Two services, one product"):
+
+1. ``start()`` spawns the runner. It first opens a dedicated connection and ``LISTEN``\\s on
+   ``authio_tuple_changes`` (payload ``"<store_id>:<revision>"``, sent by the control plane in the
+   write transaction, and with revision 0 when a store is created), *then* loads a consistent
+   snapshot of every store in one ``REPEATABLE READ READ ONLY`` transaction (``COPY ... TO
+   STDOUT``, parsed here), then runs one poll pass that catches up every store still behind.
+   Only then is :attr:`StoreRegistry.ready` true. Listening before the snapshot means no change
+   committed after the snapshot can go unnoticed.
+2. Following: a notification newer than the store's revision schedules a catch-up of that store
+   (at most one running per store; one more run if more arrived meanwhile); a notification for an
+   unknown store loads it. A poll every ``poll_seconds`` (``SELECT id, project_id, revision FROM
+   stores``) is the fallback: it catches up stores behind, loads new ones and forgets deleted
+   ones. A lost listener connection is reopened with backoff, followed by a full poll pass.
+3. ``close()`` cancels every task and closes the listener connection.
+
+The revision is the cursor: a catch-up reads, in one statement (one snapshot), the store's
+current ``stores.revision`` and every ``tuple_changes`` row above the loaded revision up to it,
+applies them in ``(revision, seq)`` order without yielding to the event loop, and only then sets
+the store's revision. A check therefore never sees half a revision, and nothing is skipped:
+revisions commit in order per store (the write transaction locks the store row first).
+
+This module knows no HTTP. It never writes PostgreSQL. Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import gc
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import asyncpg
+from cachetools import TTLCache
+
+from engine.graph import StoreGraph
+
+__all__ = ["CHANNEL", "LoadedStore", "StoreRegistry", "parse_notification"]
+
+log = logging.getLogger("authio.engine.registry")
+
+CHANNEL: Final = "authio_tuple_changes"
+"""The PostgreSQL ``NOTIFY`` channel the control plane signals tuple writes on."""
+
+_STORES_SQL: Final = "SELECT id, project_id, revision FROM stores"
+_STORE_SQL: Final = "SELECT project_id, revision FROM stores WHERE id = $1"
+_ALL_TUPLES_SQL: Final = "SELECT store_id, object, relation, subject FROM tuples"
+_STORE_TUPLES_SQL: Final = "SELECT store_id, object, relation, subject FROM tuples WHERE store_id = $1"
+# One statement, hence one snapshot: the store's revision and every change above the cursor up to
+# it. The LEFT JOIN yields one all-NULL change row when there is nothing to apply, and no row at
+# all when the store no longer exists.
+_CATCH_UP_SQL: Final = """
+SELECT s.revision AS store_revision, c.operation, c.object, c.relation, c.subject
+FROM stores s
+LEFT JOIN tuple_changes c
+  ON c.store_id = s.id AND c.revision > $2 AND c.revision <= s.revision
+WHERE s.id = $1
+ORDER BY c.revision, c.seq
+"""
+
+_COPY_UNESCAPE: Final = re.compile(r"\\(.)")
+_COPY_ESCAPES: Final = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+@dataclass(slots=True, eq=False)
+class LoadedStore:
+    """One store in memory.
+
+    * ``id``, ``project_id``: from the ``stores`` row.
+    * ``graph``: its tuples (mutated in place as changes are applied).
+    * ``revision``: the store revision ``graph`` reflects exactly (the ``tuple_changes`` cursor);
+      only ever increases.
+    """
+
+    id: str
+    project_id: str
+    graph: StoreGraph
+    revision: int
+
+
+def parse_notification(payload: str) -> tuple[str, int] | None:
+    """``"<store_id>:<revision>"`` -> ``(store_id, revision)``; None when malformed."""
+    store_id, sep, rev = payload.rpartition(":")
+    if not sep or not store_id:
+        return None
+    try:
+        revision = int(rev)
+    except ValueError:
+        return None
+    return (store_id, revision) if revision >= 0 else None
+
+
+def _unescape_copy(field: str) -> str:
+    """Undo the backslash escapes of PostgreSQL's text ``COPY`` output."""
+    return _COPY_UNESCAPE.sub(lambda m: _COPY_ESCAPES.get(m.group(1), m.group(1)), field)
+
+
+class _CopySink:
+    """Parses text-format ``COPY (store_id, object, relation, subject) TO STDOUT`` chunks.
+
+    Rows are fed straight into ``graphs[store_id].load`` chunk by chunk, so the whole table is
+    never held in memory twice. Rows of a store absent from ``graphs`` are ignored (cannot happen
+    inside one snapshot: ``tuples.store_id`` references ``stores``).
+    """
+
+    __slots__ = ("_rest", "graphs", "rows")
+
+    def __init__(self, graphs: dict[str, StoreGraph]) -> None:
+        self.graphs = graphs
+        self.rows = 0
+        self._rest = b""
+
+    async def __call__(self, chunk: bytes) -> None:
+        data = self._rest + chunk if self._rest else chunk
+        cut = data.rfind(b"\n") + 1
+        self._rest = data[cut:]
+        if cut:
+            self._feed(data[: cut - 1].decode())
+
+    def finish(self) -> None:
+        """Raise ValueError when the stream ended inside a row."""
+        if self._rest:
+            raise ValueError("COPY output ended inside a row")
+
+    def _feed(self, text: str) -> None:
+        # Tabs and newlines inside values are escaped, so splitting on the raw characters is exact.
+        f = text.replace("\n", "\t").split("\t")
+        if len(f) % 4:
+            raise ValueError("unexpected COPY row shape")
+        if "\\" in text:
+            f = [_unescape_copy(x) if "\\" in x else x for x in f]
+        n = len(f) // 4
+        self.rows += n
+        sids = f[0::4]
+        first = sids[0]
+        if sids[-1] == first and sids.count(first) == n:  # the usual case: one store per chunk
+            graph = self.graphs.get(first)
+            if graph is not None:
+                graph.load(zip(f[1::4], f[2::4], f[3::4], strict=True))
+            return
+        per_store: dict[str, list[tuple[str, str, str]]] = {}
+        for i in range(0, len(f), 4):
+            per_store.setdefault(f[i], []).append((f[i + 1], f[i + 2], f[i + 3]))
+        for sid, rows in per_store.items():
+            graph = self.graphs.get(sid)
+            if graph is not None:
+                graph.load(rows)
+
+
+class StoreRegistry:
+    """All stores' graphs in memory, following the change log (see the module docstring).
+
+    ``pool`` serves snapshot, load, catch-up and poll queries (read-only); ``dsn`` opens the
+    dedicated listener connection. ``poll_seconds`` is the fallback poll period (s);
+    ``negative_ttl_seconds`` how long "no such store" is remembered (s); ``load_timeout_seconds``
+    bounds one snapshot or store load (s); ``max_backoff_seconds`` caps the listener reconnect
+    backoff (s). ``freeze_gc`` moves everything alive after the snapshot into the interpreter's
+    permanent GC generation (``gc.freeze()``, process-wide): the graphs hold no reference cycles
+    and are still freed by reference counting, and a full collection no longer walks them
+    (measured: about 65 ms per full collection with 1M tuples loaded, about 0 after).
+    """
+
+    def __init__(
+        self,
+        *,
+        pool: asyncpg.Pool,
+        dsn: str,
+        poll_seconds: float = 1.0,
+        negative_ttl_seconds: float = 1.0,
+        load_timeout_seconds: float = 3600.0,
+        max_backoff_seconds: float = 5.0,
+        freeze_gc: bool = True,
+    ) -> None:
+        self._pool = pool
+        self._dsn = dsn
+        self._poll_seconds = poll_seconds
+        self._load_timeout = load_timeout_seconds
+        self._max_backoff = max_backoff_seconds
+        self._freeze_gc = freeze_gc
+        self._stores: dict[str, LoadedStore] = {}
+        self._missing: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=negative_ttl_seconds)
+        self._loads: dict[str, asyncio.Task[LoadedStore | None]] = {}
+        self._load_hint: dict[str, int] = {}  # store being loaded -> highest revision heard of
+        self._catch_ups: dict[str, asyncio.Task[None]] = {}
+        self._dirty: set[str] = set()
+        self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = {}
+        self._early: dict[str, int] | None = {}  # notifications heard before the snapshot
+        self._ready = asyncio.Event()
+        self._listener: Any = None  # asyncpg.Connection
+        self._listener_lost = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    # -- public surface ----------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """True once the snapshot is loaded and every store caught up (stays true afterwards)."""
+        return self._ready.is_set()
+
+    def __len__(self) -> int:
+        """Number of stores in memory."""
+        return len(self._stores)
+
+    def start(self) -> None:
+        """Spawn the runner (listen, snapshot, catch up, then follow). Returns at once.
+
+        Failures while starting (PostgreSQL down) are logged and retried with backoff;
+        :attr:`ready` stays false until the snapshot is in. Raises RuntimeError if already started.
+        """
+        if self._tasks or self._closed:
+            raise RuntimeError("StoreRegistry.start() called twice")
+        self._tasks.append(asyncio.create_task(self._run(), name="engine-registry"))
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for :attr:`ready`; return whether it is."""
+        if self._ready.is_set():
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        return self._ready.is_set()
+
+    def peek(self, store_id: str) -> LoadedStore | None:
+        """The store if it is in memory, without any I/O (the hot path's first try)."""
+        return self._stores.get(store_id)
+
+    async def get(self, store_id: str) -> LoadedStore | None:
+        """The store ``store_id``, loading it from PostgreSQL when not in memory; None if absent.
+
+        Waits for :attr:`ready` first (the snapshot may hold the store). A lookup for an unknown
+        id is single-flight per id, and a miss is remembered for ``negative_ttl_seconds``.
+        Raises asyncpg / OSError errors when PostgreSQL cannot be read.
+        """
+        store = self._stores.get(store_id)
+        if store is not None:
+            return store
+        if not self._ready.is_set():
+            await self._ready.wait()
+            store = self._stores.get(store_id)
+            if store is not None:
+                return store
+        if store_id in self._missing:
+            return None
+        return await asyncio.shield(self._request_load(store_id))
+
+    async def wait_for(self, store: LoadedStore, revision: int, timeout_s: float) -> bool:
+        """Wait until ``store`` reflects at least ``revision``; True if reached within
+        ``timeout_s`` seconds, False otherwise (``consistency.at_least_revision``).
+
+        Returns at once when already reached; otherwise asks for a catch-up and waits for the
+        apply step to wake it.
+        """
+        if store.revision >= revision:
+            return True
+        if self._stores.get(store.id) is not store:
+            return False  # deleted meanwhile: it will never advance
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (revision, fut)
+        self._waiters.setdefault(store.id, []).append(entry)
+        try:
+            self._request_catch_up(store.id)
+            if timeout_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(fut, timeout_s)
+        finally:
+            current = self._waiters.get(store.id)
+            if current is not None:
+                with contextlib.suppress(ValueError):
+                    current.remove(entry)
+                if not current:
+                    del self._waiters[store.id]
+        return store.revision >= revision
+
+    async def close(self) -> None:
+        """Cancel every task, wake every waiter and close the listener connection."""
+        self._closed = True
+        tasks = [*self._tasks, *self._catch_ups.values(), *self._loads.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+        for waiters in self._waiters.values():
+            for _, fut in waiters:
+                if not fut.done():
+                    fut.cancel()
+        self._waiters.clear()
+        await self._close_listener()
+
+    # -- the runner --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        await self._retry("open the listener", self._connect_listener)
+        await self._retry("load the snapshot", self._load_snapshot)
+        await self._retry("catch up after the snapshot", self._poll_once)
+        if self._freeze_gc:
+            gc.collect()
+            gc.freeze()
+        self._ready.set()
+        log.info("engine ready: %d stores in memory", len(self._stores))
+        self._tasks.append(asyncio.create_task(self._poll_loop(), name="engine-poll"))
+        self._tasks.append(asyncio.create_task(self._keep_listening(), name="engine-listen"))
+
+    async def _retry(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                await step()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("engine could not %s; retrying in %.1f s", what, backoff,
+                            exc_info=True)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_seconds)
+            listener = self._listener
+            if listener is None or listener.is_closed():
+                self._listener_lost.set()
+            try:
+                await self._poll_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("engine poll failed; next try in %.1f s", self._poll_seconds,
+                            exc_info=True)
+
+    async def _keep_listening(self) -> None:
+        while True:
+            await self._listener_lost.wait()
+            log.warning("engine lost its LISTEN connection; reconnecting")
+            await self._close_listener()
+            await self._retry("reopen the listener", self._connect_listener)
+            # Notifications sent while nobody listened are gone: a full pass finds what they said.
+            await self._retry("poll after reconnecting", self._poll_once)
+
+    # -- listening ---------------------------------------------------------------------------
+
+    async def _connect_listener(self) -> None:
+        self._listener_lost.clear()
+        conn = await asyncpg.connect(
+            self._dsn, timeout=10, server_settings={"application_name": "authio-engine-listen"}
+        )
+        try:
+            conn.add_termination_listener(self._on_listener_terminated)
+            await conn.add_listener(CHANNEL, self._on_notify)
+        except BaseException:
+            conn.terminate()
+            raise
+        self._listener = conn
+
+    def _on_listener_terminated(self, conn: Any) -> None:
+        if conn is self._listener:
+            self._listener_lost.set()
+
+    async def _close_listener(self) -> None:
+        conn, self._listener = self._listener, None
+        if conn is None or conn.is_closed():
+            return
+        try:
+            await asyncio.wait_for(conn.close(), 2.0)
+        except Exception:
+            conn.terminate()
+
+    def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        note = parse_notification(payload)
+        if note is None:
+            log.warning("ignoring malformed %s payload %r", CHANNEL, payload)
+            return
+        self.notify(*note)
+
+    def notify(self, store_id: str, revision: int) -> None:
+        """Act on "``store_id`` reached ``revision``": schedule a catch-up or a load as needed."""
+        if self._closed:
+            return
+        early = self._early
+        if early is not None:  # the snapshot is not installed yet; replayed right after
+            early[store_id] = max(revision, early.get(store_id, -1))
+            return
+        store = self._stores.get(store_id)
+        if store is not None:
+            if revision > store.revision:
+                self._request_catch_up(store_id)
+            return
+        self._missing.pop(store_id, None)  # it exists now, whatever we remembered
+        self._request_load(store_id, revision)
+
+    # -- snapshot, loads, polls --------------------------------------------------------------
+
+    async def _load_snapshot(self) -> None:
+        started = time.perf_counter()
+        async with self._pool.acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            rows = await conn.fetch(_STORES_SQL)
+            graphs = {r["id"]: StoreGraph() for r in rows}
+            sink = _CopySink(graphs)
+            await conn.copy_from_query(_ALL_TUPLES_SQL, output=sink, timeout=self._load_timeout)
+            sink.finish()
+        loaded = [LoadedStore(r["id"], r["project_id"], graphs[r["id"]], r["revision"])
+                  for r in rows]
+        self._install(loaded)
+        early, self._early = self._early or {}, None
+        for store_id, revision in early.items():
+            self.notify(store_id, revision)
+        log.info("engine snapshot: %d stores, %d tuples in %.2f s",
+                 len(loaded), sink.rows, time.perf_counter() - started)
+
+    def _install(self, stores: Iterable[LoadedStore]) -> None:
+        for store in stores:
+            cur = self._stores.get(store.id)
+            if cur is None or cur.revision < store.revision:
+                self._stores[store.id] = store
+                self._missing.pop(store.id, None)
+                self._wake(store)
+
+    def _request_load(self, store_id: str, revision: int = -1) -> asyncio.Task[LoadedStore | None]:
+        """Single-flight load of ``store_id``; ``revision`` is what a notification or poll said
+        it has reached (-1: nothing heard), used to catch up or retry once the load finishes."""
+        if revision > self._load_hint.get(store_id, -1):
+            self._load_hint[store_id] = revision
+        task = self._loads.get(store_id)
+        if task is None:
+            task = asyncio.create_task(self._load_one(store_id), name=f"engine-load-{store_id}")
+            self._loads[store_id] = task
+            task.add_done_callback(functools.partial(self._load_done, store_id))
+        return task
+
+    def _load_done(self, store_id: str, task: asyncio.Task[LoadedStore | None]) -> None:
+        if self._loads.get(store_id) is task:
+            del self._loads[store_id]
+        hint = self._load_hint.pop(store_id, -1)
+        if task.cancelled() or self._closed:
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.warning("engine could not load store %s", store_id, exc_info=exc)
+            return
+        store = task.result()
+        if store is None:
+            if hint >= 0:
+                # Heard of it while a lookup that began before its creation was running: again.
+                self._missing.pop(store_id, None)
+                self._request_load(store_id)
+        elif hint > store.revision:
+            self._request_catch_up(store_id)
+
+    async def _load_one(self, store_id: str) -> LoadedStore | None:
+        started = time.perf_counter()
+        async with self._pool.acquire() as conn, conn.transaction(
+            isolation="repeatable_read", readonly=True
+        ):
+            row = await conn.fetchrow(_STORE_SQL, store_id)
+            if row is None:
+                self._missing[store_id] = True
+                return None
+            graph = StoreGraph()
+            sink = _CopySink({store_id: graph})
+            await conn.copy_from_query(_STORE_TUPLES_SQL, store_id, output=sink,
+                                       timeout=self._load_timeout)
+            sink.finish()
+        current = self._stores.get(store_id)
+        if current is not None:  # appeared meanwhile (cannot happen while loads are single-flight)
+            return current
+        store = LoadedStore(store_id, row["project_id"], graph, row["revision"])
+        self._install((store,))
+        log.debug("engine loaded store %s: %d tuples at revision %d in %.3f s",
+                 store_id, sink.rows, store.revision, time.perf_counter() - started)
+        return store
+
+    async def _poll_once(self) -> None:
+        known_before = set(self._stores)
+        rows = await self._pool.fetch(_STORES_SQL)
+        pending: list[asyncio.Future[Any]] = []
+        seen: set[str] = set()
+        for row in rows:
+            store_id = row["id"]
+            seen.add(store_id)
+            store = self._stores.get(store_id)
+            if store is None:
+                self._missing.pop(store_id, None)
+                pending.append(self._request_load(store_id, row["revision"]))
+            elif row["revision"] > store.revision:
+                pending.append(self._request_catch_up(store_id))
+        for store_id in known_before - seen:
+            self._forget(store_id)
+        if pending:
+            results = await asyncio.gather(*(asyncio.shield(p) for p in pending),
+                                           return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise RuntimeError(f"{len(failed)} store loads or catch-ups failed") from failed[0]
+
+    def _forget(self, store_id: str) -> None:
+        store = self._stores.pop(store_id, None)
+        if store is not None:
+            log.info("engine dropped deleted store %s", store_id)
+            self._wake(store)
+
+    # -- catching up -------------------------------------------------------------------------
+
+    def _request_catch_up(self, store_id: str) -> asyncio.Task[None]:
+        """Coalesced catch-up of ``store_id``: at most one runs; a request arriving while one
+        runs makes it run once more. The task raises what the last run raised."""
+        task = self._catch_ups.get(store_id)
+        if task is not None:
+            self._dirty.add(store_id)
+            return task
+        task = asyncio.create_task(self._catch_up_loop(store_id),
+                                   name=f"engine-catch-up-{store_id}")
+        self._catch_ups[store_id] = task
+        task.add_done_callback(functools.partial(self._catch_up_done, store_id))
+        return task
+
+    def _catch_up_done(self, store_id: str, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None and not self._closed:
+            log.warning("engine could not catch up store %s; the poll retries", store_id,
+                        exc_info=exc)
+
+    async def _catch_up_loop(self, store_id: str) -> None:
+        try:
+            while True:
+                self._dirty.discard(store_id)
+                await self._catch_up_once(store_id)
+                if store_id not in self._dirty:
+                    return
+        finally:
+            self._catch_ups.pop(store_id, None)
+            self._dirty.discard(store_id)
+
+    async def _catch_up_once(self, store_id: str) -> None:
+        store = self._stores.get(store_id)
+        if store is None:
+            return
+        rows = await self._pool.fetch(_CATCH_UP_SQL, store_id, store.revision)
+        if self._stores.get(store_id) is not store:
+            return  # forgotten meanwhile
+        if not rows:
+            self._forget(store_id)
+            return
+        target = rows[0]["store_revision"]
+        if target <= store.revision:
+            return
+        add, remove = store.graph.add, store.graph.remove
+        # No await from here to the revision update: a check sees all of a revision or none.
+        for row in rows:
+            op = row["operation"]
+            if op == "write":
+                add(row["object"], row["relation"], row["subject"])
+            elif op == "delete":
+                remove(row["object"], row["relation"], row["subject"])
+        store.revision = target
+        self._wake(store)
+
+    def _wake(self, store: LoadedStore) -> None:
+        waiters = self._waiters.get(store.id)
+        if not waiters:
+            return
+        for revision, fut in waiters:
+            if not fut.done() and (revision <= store.revision or self._stores.get(store.id)
+                                   is not store):
+                fut.set_result(None)
