@@ -27,7 +27,7 @@ class Page:
     """A parsed page request: ``limit`` rows after the key ``after`` (None for the first page)."""
 
     limit: int
-    after: tuple[Any, ...] | None
+    after: tuple[str, ...] | None
 
 
 def parse_page(query: Mapping[str, str], *, kind: str, key_len: int) -> Page:
@@ -48,7 +48,7 @@ def parse_page(query: Mapping[str, str], *, kind: str, key_len: int) -> Page:
         raise InvalidRequest.field("cursor", "is not a cursor this listing issued") from None
     if (
         not isinstance(decoded, list) or len(decoded) != key_len + 1 or decoded[0] != kind
-        or not all(isinstance(v, str | int) for v in decoded[1:])
+        or not all(isinstance(v, str) for v in decoded[1:])
     ):
         raise InvalidRequest.field("cursor", "is not a cursor this listing issued")
     return Page(limit, tuple(decoded[1:]))

@@ -122,7 +122,8 @@ async def list_tuples(
     ``object``, ``relation`` and ``user`` when given. Raises StoreNotFound, InvalidRequest."""
     page = parse_page(query, kind=f"tuples:{store_id}", key_len=3)
     await get_store(pool, project_id, store_id)
-    where, args = ["store_id = $1"], [store_id]
+    where: list[str] = ["store_id = $1"]
+    args: list[object] = [store_id]
     for param, column, validate in _FILTERS:
         value = query.get(param)
         if value is not None:
@@ -136,7 +137,7 @@ async def list_tuples(
         args.extend(str(v) for v in page.after)
         n = len(args)
         where.append(f"(object, relation, subject) > (${n - 2}, ${n - 1}, ${n})")
-    args.append(str(page.limit + 1))
+    args.append(page.limit + 1)
     rows = await pool.fetch(
         f"""SELECT object, relation, subject AS "user", revision, created_at FROM tuples
             WHERE {' AND '.join(where)} ORDER BY object, relation, subject
