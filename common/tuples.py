@@ -51,7 +51,7 @@ MAX_USER_LENGTH: Final = MAX_OBJECT_LENGTH + 1 + MAX_NAME_LENGTH
 """Longest ``type:id#relation``."""
 
 _TYPE: Final = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}"
-_ID_CHAR: Final = r"[\w.|/=+~%\-]"
+_ID_CHAR: Final = r"[\w.|/=+~%@\-]"
 _ID: Final = _ID_CHAR + r"{1,256}"
 _RELATION: Final = r"[A-Za-z_][A-Za-z0-9_\-]{0,63}"
 
@@ -145,9 +145,8 @@ def _diagnose_typed_id(what: str, value: str) -> str:
         return f"{what} {value!r} has an empty id after ':'"
     if "*" in id_:
         return f"{what} {value!r}: wildcards ('type:*') are not supported"
-    if "@" in value:
-        return (f"{what} {value!r} must not contain '@' (it separates object and user in "
-                "'object#relation@user')")
+    if "@" in type_:
+        return f"{what} type {type_!r} must not contain '@'"
     if len(type_) > MAX_NAME_LENGTH:
         return (f"{what} type is {len(type_)} characters long; at most {MAX_NAME_LENGTH} "
                 "are allowed")
@@ -159,7 +158,7 @@ def _diagnose_typed_id(what: str, value: str) -> str:
     for ch in id_:
         if not _ID_CHAR_RE.fullmatch(ch):
             return (f"{what} id {id_!r} contains {ch!r}; ids may use letters, digits and "
-                    "'_ . - | / = + ~ %'")
+                    "'_ . - | / = + ~ % @'")
     if len(value) > MAX_OBJECT_LENGTH:
         return f"{what} is {len(value)} characters long; at most {MAX_OBJECT_LENGTH} are allowed"
     return f"{what} {value!r} is not a valid 'type:id'"  # pragma: no cover - defensive
