@@ -12,11 +12,11 @@ import asyncio
 import hashlib
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Final
 
 import asyncpg
-from cachetools import TTLCache
 from redis.asyncio import Redis
 
 from common.errors import InsufficientScope, InvalidApiKey, MissingApiKey
@@ -76,11 +76,18 @@ WHERE k.secret_hash = $1 AND k.revoked_at IS NULL
 
 
 class ApiKeyAuthenticator:
-    """Resolves ``Authorization: Bearer <key>`` to a Principal, with a short TTL cache."""
+    """Resolves ``Authorization: Bearer <key>`` to a Principal, with a short TTL cache.
+
+    The cache is a plain dict of digest -> (expiry on the monotonic clock, Principal or None for
+    an unknown key): this runs on every engine check, and a hit costs one hash and one lookup.
+    It holds at most ``maxsize`` keys (emptied when full; the next requests refill it).
+    """
 
     def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float, maxsize: int = 100_000) -> None:
         self._pool = pool
-        self._cache: TTLCache[str, Principal | None] = TTLCache(maxsize=maxsize, ttl=ttl_seconds)
+        self._ttl = ttl_seconds
+        self._maxsize = maxsize
+        self._cache: dict[str, tuple[float, Principal | None]] = {}
         self._inflight: dict[str, asyncio.Future[Principal | None]] = {}
 
     async def authenticate(self, authorization: str | None) -> Principal:
@@ -94,9 +101,10 @@ class ApiKeyAuthenticator:
         if not token.startswith(KEY_PREFIXES):
             raise InvalidApiKey()
         digest = hash_secret(token)
-        try:
-            principal = self._cache[digest]
-        except KeyError:
+        entry = self._cache.get(digest)
+        if entry is not None and entry[0] > time.monotonic():
+            principal = entry[1]
+        else:
             principal = await self._load(digest)
         if principal is None:
             raise InvalidApiKey()
@@ -115,7 +123,9 @@ class ApiKeyAuthenticator:
                 else Principal(row["id"], row["project_id"], row["tenant_id"],
                                frozenset(row["scopes"]))
             )
-            self._cache[digest] = principal
+            if len(self._cache) >= self._maxsize:
+                self._cache.clear()
+            self._cache[digest] = (time.monotonic() + self._ttl, principal)
             fut.set_result(principal)
             return principal
         except BaseException as exc:

@@ -46,7 +46,17 @@ from common.errors import (
 from common.http import REQUEST_ID, read_json
 from common.runtime import base_app, install_resources
 from common.settings import Settings
-from common.tuples import TupleFormatError, validate_object, validate_relation, validate_user
+from common.tuples import (
+    MAX_OBJECT_LENGTH,
+    MAX_USER_LENGTH,
+    OBJECT_RE,
+    RELATION_RE,
+    USER_RE,
+    TupleFormatError,
+    validate_object,
+    validate_relation,
+    validate_user,
+)
 from engine import graph
 from engine.appkeys import STORES
 from engine.registry import LoadedStore, StoreRegistry
@@ -111,6 +121,15 @@ def _parse_check(data: Any, fields: Fields, where: str = "body") -> Parsed | Non
     if type(data) is not dict:
         fields.append({"field": where, "message": f"must be an object, not {_type_name(data)}"})
         return None
+    if len(data) == 1:  # the common shape, {"tuple_key": {...}}: validated in one pass
+        key = data.get("tuple_key")
+        if type(key) is dict and len(key) == 3:
+            o, r, u = key.get("object"), key.get("relation"), key.get("user")
+            if (type(o) is str and type(r) is str and type(u) is str
+                    and len(o) <= MAX_OBJECT_LENGTH and len(u) <= MAX_USER_LENGTH
+                    and OBJECT_RE.fullmatch(o) and RELATION_RE.fullmatch(r)
+                    and USER_RE.fullmatch(u)):
+                return o, r, u, None
     _unknown(data, _CHECK_FIELDS, "", fields)
     key = data.get("tuple_key")
     values: list[str] = []
