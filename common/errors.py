@@ -93,7 +93,8 @@ class MissingBootstrapToken(ServiceError):
 class BootstrapDisabled(ServiceError):
     """``SERVICE_BOOTSTRAP_TOKEN`` is not configured (SPEC.md 4 rule 1)."""
 
-    code, status, default_message = "bootstrap_disabled", 503, "Bootstrap is disabled: SERVICE_BOOTSTRAP_TOKEN is not set."
+    code, status = "bootstrap_disabled", 503
+    default_message = "Bootstrap is disabled: SERVICE_BOOTSTRAP_TOKEN is not set."
 
 
 class ResolutionTooComplex(ServiceError):

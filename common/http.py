@@ -17,7 +17,7 @@ from typing import Any, Final, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from common.errors import (
     DbUnavailable,
@@ -38,6 +38,12 @@ _JSON: Final = "application/json"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
+
+
+class RequestModel(BaseModel):
+    """Base of request bodies: unknown fields rejected, no type coercion (DESIGN.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 def request_id(request: web.Request) -> str:

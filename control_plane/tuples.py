@@ -14,12 +14,12 @@ from typing import Annotated, Any, Final
 
 import asyncpg
 from aiohttp import web
-from common.tuples import TupleFormatError, validate_object, validate_relation, validate_user
 from pydantic import AfterValidator, Field, model_validator
 
 from common.appkeys import PG_POOL
 from common.errors import InvalidRequest, StoreNotFound
 from common.http import RequestModel, json_response, parse_body
+from common.tuples import TupleFormatError, validate_object, validate_relation, validate_user
 from control_plane.pagination import page_body, parse_page
 from control_plane.principal import authenticate
 from control_plane.stores import NOTIFY_CHANNEL, READ_SCOPES, get_store

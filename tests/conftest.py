@@ -145,10 +145,9 @@ async def start_app(app: web.Application) -> RunningApp:
 
 def combined_app(settings: Settings) -> web.Application:
     """Both services in one app, exactly as ``authio serve`` builds it."""
-    from engine.checks import setup_engine
-
     from common.runtime import base_app
     from control_plane.app import setup_control_plane
+    from engine.checks import setup_engine
 
     app = base_app(settings)
     setup_engine(app)
