@@ -19,7 +19,7 @@ from common.errors import InsufficientScope, NotFound
 from common.http import RequestModel, json_response, parse_body
 from common.ids import new_id
 from control_plane import audit
-from control_plane.pagination import page_body, parse_page
+from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 
 ONE_TIME_WARNING: Final = (
@@ -134,14 +134,9 @@ async def post_key(request: web.Request) -> web.Response:
 
 async def list_keys(request: web.Request) -> web.Response:
     principal = await authenticate(request, "keys:write")
-    page = parse_page(request.query, kind="api_keys", key_len=1)
-    rows = await request.app[PG_POOL].fetch(
-        f"""SELECT {_COLUMNS} FROM api_keys WHERE project_id = $1 AND ($2::text IS NULL OR id > $2)
-            ORDER BY id LIMIT $3""",
-        principal.project_id, page.after[0] if page.after else None, page.limit + 1,
-    )
-    return json_response(request, page_body([dict(r) for r in rows], page, kind="api_keys",
-                                            key=["id"]))
+    body = await project_page_by_id(request.app[PG_POOL], request.query, table="api_keys",
+                                    columns=_COLUMNS, project_id=principal.project_id)
+    return json_response(request, body)
 
 
 async def delete_key(request: web.Request) -> web.Response:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import asyncpg
 import orjson
 
 from common.errors import InvalidRequest
@@ -67,3 +68,18 @@ def page_body(
     data = list(rows[: page.limit])
     next_cursor = encode_cursor(kind, [data[-1][k] for k in key]) if has_more and data else None
     return {"data": data, "next_cursor": next_cursor, "has_more": has_more}
+
+
+async def project_page_by_id(
+    pool: asyncpg.Pool, query: Mapping[str, str], *, table: str, columns: str, project_id: str,
+) -> dict[str, Any]:
+    """One page of ``table``'s rows of ``project_id`` in id order (ids are ULIDs, so that is
+    creation order); the cursor is bound to ``table``. Raises InvalidRequest for a bad limit or
+    cursor. ``table`` and ``columns`` are constants of the caller, never user input."""
+    page = parse_page(query, kind=table, key_len=1)
+    rows = await pool.fetch(
+        f"""SELECT {columns} FROM {table} WHERE project_id = $1 AND ($2::text IS NULL OR id > $2)
+            ORDER BY id LIMIT $3""",
+        project_id, page.after[0] if page.after else None, page.limit + 1,
+    )
+    return page_body([dict(r) for r in rows], page, kind=table, key=["id"])

@@ -16,7 +16,7 @@ from common.appkeys import PG_POOL
 from common.errors import StoreNotFound
 from common.http import RequestModel, json_response, parse_body
 from common.ids import new_id
-from control_plane.pagination import page_body, parse_page
+from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 
 NOTIFY_CHANNEL: Final = "authio_tuple_changes"  # payload "<store_id>:<revision>"
@@ -61,14 +61,9 @@ async def post_store(request: web.Request) -> web.Response:
 
 async def list_stores(request: web.Request) -> web.Response:
     principal = await authenticate(request, *READ_SCOPES)
-    page = parse_page(request.query, kind="stores", key_len=1)
-    rows = await request.app[PG_POOL].fetch(
-        f"""SELECT {_COLUMNS} FROM stores WHERE project_id = $1 AND ($2::text IS NULL OR id > $2)
-            ORDER BY id LIMIT $3""",
-        principal.project_id, page.after[0] if page.after else None, page.limit + 1,
-    )
-    return json_response(request, page_body([dict(r) for r in rows], page, kind="stores",
-                                            key=["id"]))
+    body = await project_page_by_id(request.app[PG_POOL], request.query, table="stores",
+                                    columns=_COLUMNS, project_id=principal.project_id)
+    return json_response(request, body)
 
 
 async def show_store(request: web.Request) -> web.Response:

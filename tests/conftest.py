@@ -9,6 +9,7 @@ tests are isolated without resetting the database.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -164,6 +165,19 @@ async def wait_ready(api: Api, within: float = 30.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"service not ready: {r.status} {r.body}")
         await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def serving(http: ClientSession, app: web.Application, *, ready: bool = True) -> AsyncIterator[Api]:
+    """Serve ``app`` on a loopback port, wait for /readyz unless ``ready`` is False, stop on exit."""
+    running = await start_app(app)
+    try:
+        api = Api(http, running.base_url)
+        if ready:
+            await wait_ready(api)
+        yield api
+    finally:
+        await running.stop()
 
 
 @pytest_asyncio.fixture(scope="session")

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.conftest import Api, Project, Response, assert_error, start_app, wait_ready
+from tests.conftest import Api, Project, Response, assert_error, serving
 
 VISIBLE_WITHIN_S = 1.0
 POLL_INTERVAL_S = 0.005
@@ -90,13 +90,8 @@ async def own_engine(http: ClientSession, settings: Settings) -> AsyncIterator[A
     """An engine app of its own (same database and Redis as ``service``), ready, then stopped."""
     from engine.checks import create_engine_app
 
-    running = await start_app(create_engine_app(settings))
-    try:
-        api = Api(http, running.base_url)
-        await wait_ready(api)
+    async with serving(http, create_engine_app(settings)) as api:
         yield api
-    finally:
-        await running.stop()
 
 
 async def scoped_key(project: Project, scopes: list[str]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import pytest_asyncio
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.conftest import Api, Project, assert_error, bootstrap_project, start_app, wait_ready
+from tests.conftest import Api, Project, assert_error, bootstrap_project, serving
 
 VISIBLE_WITHIN_S = 1.0
 
@@ -48,14 +48,8 @@ async def running_engine(http: ClientSession, settings: Settings,
     """The engine alone on a port of its own; stopped on exit."""
     from engine.checks import create_engine_app
 
-    running = await start_app(create_engine_app(settings))
-    try:
-        api = Api(http, running.base_url)
-        if ready:
-            await wait_ready(api)
+    async with serving(http, create_engine_app(settings), ready=ready) as api:
         yield api
-    finally:
-        await running.stop()
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -64,13 +58,8 @@ async def control_plane(settings_factory: Callable[..., Settings],
     """The control plane alone (no engine in its process)."""
     from control_plane.app import create_control_plane_app
 
-    running = await start_app(create_control_plane_app(settings_factory()))
-    try:
-        api = Api(http, running.base_url)
-        await wait_ready(api)
+    async with serving(http, create_control_plane_app(settings_factory())) as api:
         yield api
-    finally:
-        await running.stop()
 
 
 @pytest_asyncio.fixture(scope="module")
