@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"authio: {exc}")
     logging.basicConfig(level=settings.log_level,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line per plugin
     if args.command == "migrate":
         from control_plane.migrate import upgrade
 
