@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import secrets
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,18 @@ from control_plane.migrate import upgrade
 BOOTSTRAP_TOKEN = "test-bootstrap-token-" + "x" * 32
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports nothing listens on right now."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def _with_db(url: str, db: str) -> str:

@@ -22,18 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from common.devservices import DevServicesError, ServiceUrls, ensure_services, stop_private
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports nothing listens on right now."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+from tests.conftest import free_ports
 
 
 def _port_open(port: int) -> bool:
@@ -80,7 +69,7 @@ def run_dir() -> Iterator[Path]:
 
 
 def test_private_instances_start_answer_are_reused_and_stop(run_dir: Path, tmp_path: Path) -> None:
-    pg_port, redis_port = _free_ports(2)
+    pg_port, redis_port = free_ports(2)
     expected_db = f"postgresql://postgres@127.0.0.1:{pg_port}/authio"
     expected_redis = f"redis://127.0.0.1:{redis_port}/0"
 
@@ -158,7 +147,7 @@ def test_private_instances_start_answer_are_reused_and_stop(run_dir: Path, tmp_p
 
 
 def test_configured_urls_that_do_not_answer_are_errors(tmp_path: Path) -> None:
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     with pytest.raises(DevServicesError, match=r"DATABASE_URL=.* does not answer"):
         ensure_services(
             run_dir=tmp_path,
