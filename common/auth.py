@@ -49,12 +49,14 @@ def hash_secret(secret: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the API key, its project and tenant, its scopes (empty = full access)."""
+    """Who is calling: the API key, its project and tenant, its scopes (empty = full access)
+    and its prefix (``sk_live_`` or ``sk_test_``)."""
 
     key_id: str
     project_id: str
     tenant_id: str
     scopes: frozenset[str]
+    prefix: str = "sk_live_"
 
     def allows(self, scope: str) -> bool:
         """True when the key may use ``scope``."""
@@ -64,12 +66,12 @@ class Principal:
         """Raises InsufficientScope unless the key may use ``scope``."""
         if self.scopes and scope not in self.scopes:
             raise InsufficientScope(
-                f"This API key lacks the scope {scope!r}.", details={"required_scope": scope}
+                f"This API key lacks the scope {scope!r}.", details={"required_scopes": [scope]}
             )
 
 
 _LOOKUP_SQL: Final = """
-SELECT k.id, k.project_id, p.tenant_id, k.scopes
+SELECT k.id, k.project_id, p.tenant_id, k.scopes, k.prefix
 FROM api_keys k JOIN projects p ON p.id = k.project_id
 WHERE k.secret_hash = $1 AND k.revoked_at IS NULL
 """
@@ -78,17 +80,24 @@ WHERE k.secret_hash = $1 AND k.revoked_at IS NULL
 class ApiKeyAuthenticator:
     """Resolves ``Authorization: Bearer <key>`` to a Principal, with a short TTL cache.
 
-    The cache is a plain dict of digest -> (expiry on the monotonic clock, Principal or None for
-    an unknown key): this runs on every engine check, and a hit costs one hash and one lookup.
-    It holds at most ``maxsize`` keys (emptied when full; the next requests refill it).
+    Known keys live in a plain dict of digest -> (expiry on the monotonic clock, Principal): this
+    runs on every engine check, and a hit costs one hash and one lookup. Unknown digests are
+    remembered apart, in a smaller table, so a flood of made-up keys can neither evict real ones
+    nor reach PostgreSQL more than once per TTL each. A cached entry expires ``ttl_seconds`` after
+    the query that produced it *started*, and a lookup that was in flight when ``invalidate`` or
+    ``clear`` ran is never cached, so a revocation cannot be undone by a slow reply.
     """
 
-    def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float, maxsize: int = 100_000) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float, maxsize: int = 100_000,
+                 unknown_maxsize: int = 10_000) -> None:
         self._pool = pool
         self._ttl = ttl_seconds
         self._maxsize = maxsize
-        self._cache: dict[str, tuple[float, Principal | None]] = {}
+        self._unknown_maxsize = unknown_maxsize
+        self._known: dict[str, tuple[float, Principal]] = {}
+        self._unknown: dict[str, float] = {}
         self._inflight: dict[str, asyncio.Future[Principal | None]] = {}
+        self._generation = 0  # bumped by every invalidation
 
     async def authenticate(self, authorization: str | None) -> Principal:
         """Raises MissingApiKey (no Bearer token) or InvalidApiKey (unknown or revoked)."""
@@ -101,11 +110,13 @@ class ApiKeyAuthenticator:
         if not token.startswith(KEY_PREFIXES):
             raise InvalidApiKey()
         digest = hash_secret(token)
-        entry = self._cache.get(digest)
-        if entry is not None and entry[0] > time.monotonic():
-            principal = entry[1]
-        else:
-            principal = await self._load(digest)
+        now = time.monotonic()
+        entry = self._known.get(digest)
+        if entry is not None and entry[0] > now:
+            return entry[1]
+        if self._unknown.get(digest, 0.0) > now:
+            raise InvalidApiKey()
+        principal = await self._load(digest)
         if principal is None:
             raise InvalidApiKey()
         return principal
@@ -116,16 +127,16 @@ class ApiKeyAuthenticator:
             return await asyncio.shield(pending)
         fut: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
         self._inflight[digest] = fut
+        generation, started = self._generation, time.monotonic()
         try:
             row = await self._pool.fetchrow(_LOOKUP_SQL, digest)
             principal = (
                 None if row is None
                 else Principal(row["id"], row["project_id"], row["tenant_id"],
-                               frozenset(row["scopes"]))
+                               frozenset(row["scopes"]), row["prefix"])
             )
-            if len(self._cache) >= self._maxsize:
-                self._cache.clear()
-            self._cache[digest] = (time.monotonic() + self._ttl, principal)
+            if generation == self._generation:
+                self._remember(digest, principal, started + self._ttl)
             fut.set_result(principal)
             return principal
         except BaseException as exc:
@@ -133,15 +144,31 @@ class ApiKeyAuthenticator:
             fut.exception()  # mark retrieved when nobody else waits
             raise
         finally:
-            del self._inflight[digest]
+            if self._inflight.get(digest) is fut:
+                del self._inflight[digest]
+
+    def _remember(self, digest: str, principal: Principal | None, expires: float) -> None:
+        if principal is None:
+            if len(self._unknown) >= self._unknown_maxsize:
+                self._unknown.clear()
+            self._unknown[digest] = expires
+        else:
+            if len(self._known) >= self._maxsize:
+                self._known.clear()
+            self._known[digest] = (expires, principal)
 
     def invalidate(self, digest: str) -> None:
-        """Forget one key (called on a revocation message)."""
-        self._cache.pop(digest, None)
+        """Forget one key (called on a revocation message); later requests look it up afresh."""
+        self._generation += 1
+        self._known.pop(digest, None)
+        self._inflight.pop(digest, None)
 
     def clear(self) -> None:
         """Forget every key (called when the revocation feed may have missed messages)."""
-        self._cache.clear()
+        self._generation += 1
+        self._known.clear()
+        self._unknown.clear()
+        self._inflight.clear()
 
 
 def revocation_channel(prefix: str) -> str:
@@ -152,7 +179,9 @@ def revocation_channel(prefix: str) -> str:
 async def publish_revocation(redis: Redis, prefix: str, digest: str) -> None:
     """Tell every process to drop ``digest`` now; a failure is logged (the TTL still bounds it)."""
     try:
-        await redis.publish(revocation_channel(prefix), digest)
+        # Bounded: the revocation has committed already, and an unreachable Redis must not hold
+        # the caller's request open (every cache still drops the key within its TTL).
+        await asyncio.wait_for(redis.publish(revocation_channel(prefix), digest), timeout=1.0)
     except Exception:
         log.warning("could not publish an API key revocation; caches expire it within their TTL",
                     exc_info=True)
