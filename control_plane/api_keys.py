@@ -7,16 +7,16 @@ SHA-256. Revocation is published on Redis so every process drops the key at once
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import asyncpg
 from aiohttp import web
-from pydantic import StringConstraints, field_validator
+from pydantic import field_validator
 
 from common.appkeys import AUTHENTICATOR, PG_POOL, REDIS, SETTINGS
 from common.auth import SCOPES, Principal, generate_secret, hash_secret, publish_revocation
 from common.errors import InsufficientScope, NotFound
-from common.http import RequestModel, json_response, parse_body
+from common.http import DisplayName, RequestModel, json_response, parse_body
 from common.ids import new_id
 from control_plane import audit
 from control_plane.pagination import project_page_by_id
@@ -30,7 +30,7 @@ _COLUMNS: Final = "id, name, prefix, last_four, scopes, created_at, revoked_at, 
 
 class CreateKeyBody(RequestModel):
     prefix: Literal["sk_live_", "sk_test_"]
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+    name: DisplayName
     scopes: list[str]
 
     @field_validator("scopes")
@@ -42,15 +42,21 @@ class CreateKeyBody(RequestModel):
         return sorted(set(v))
 
 
-def check_no_escalation(creator: Principal, scopes: list[str]) -> None:
-    """Raises InsufficientScope when ``scopes`` would grant more than ``creator`` holds
-    (DESIGN.md: a key can never create a key with more access than itself)."""
-    if not creator.scopes:
+def check_no_escalation(actor: Principal, scopes: list[str], prefix: str, *, verb: str) -> None:
+    """Raises InsufficientScope when a key with ``scopes`` and ``prefix`` holds more access than
+    ``actor``: DESIGN.md's rule that a key can never create a key with more access than itself,
+    applied to revocation too (a narrow key must not lock out a broader one). A ``sk_test_`` key
+    acts on ``sk_test_`` keys only."""
+    if actor.prefix == "sk_test_" and prefix != "sk_test_":
+        raise InsufficientScope(
+            f"A sk_test_ key cannot {verb} a {prefix} key.", details={"prefix": prefix}
+        )
+    if not actor.scopes:
         return
-    excess = sorted(set(scopes) - creator.scopes) if scopes else ["(full access)"]
+    excess = sorted(set(scopes) - actor.scopes) if scopes else ["(full access)"]
     if excess:
         raise InsufficientScope(
-            "A key cannot create a key with more access than itself.",
+            f"A key cannot {verb} a key with more access than itself.",
             details={"exceeding_scopes": excess},
         )
 
@@ -76,7 +82,7 @@ async def create_key(
     conn: asyncpg.Connection, actor: audit.Actor, creator: Principal, body: CreateKeyBody
 ) -> dict[str, Any]:
     """Create a key in the creator's project, with its ``api_key.created`` event."""
-    check_no_escalation(creator, body.scopes)
+    check_no_escalation(creator, body.scopes, body.prefix, verb="create")
     async with conn.transaction():
         key, secret = await insert_key(
             conn, project_id=creator.project_id, prefix=body.prefix, name=body.name,
@@ -92,30 +98,30 @@ async def create_key(
 
 
 async def revoke_key(
-    conn: asyncpg.Connection, actor: audit.Actor, project_id: str, key_id: str
+    conn: asyncpg.Connection, actor: audit.Actor, revoker: Principal, key_id: str
 ) -> tuple[dict[str, Any], str | None]:
     """Revoke ``key_id`` and return (the key, its hash if this call revoked it, else None).
 
     Idempotent: revoking a revoked key returns it unchanged with no new event.
-    Raises NotFound when the project has no such key.
+    Raises NotFound when the project has no such key, InsufficientScope when the key holds more
+    access than ``revoker``.
     """
+    project_id = revoker.project_id
     async with conn.transaction():
         row = await conn.fetchrow(
-            f"""UPDATE api_keys SET revoked_at = now()
-                WHERE id = $1 AND project_id = $2 AND revoked_at IS NULL
-                RETURNING {_COLUMNS}, secret_hash""",
+            f"SELECT {_COLUMNS}, secret_hash FROM api_keys WHERE id = $1 AND project_id = $2 FOR UPDATE",
             key_id, project_id,
         )
         if row is None:
-            existing = await conn.fetchrow(
-                f"SELECT {_COLUMNS} FROM api_keys WHERE id = $1 AND project_id = $2",
-                key_id, project_id,
-            )
-            if existing is None:
-                raise NotFound("No API key with that id in this project.")
-            return dict(existing), None
+            raise NotFound("No API key with that id in this project.")
         key = dict(row)
         digest = key.pop("secret_hash")
+        check_no_escalation(revoker, key["scopes"], key["prefix"], verb="revoke")
+        if key["revoked_at"] is not None:
+            return key, None
+        key["revoked_at"] = await conn.fetchval(
+            "UPDATE api_keys SET revoked_at = now() WHERE id = $1 RETURNING revoked_at", key_id
+        )
         await audit.record(
             conn, actor, action="api_key.revoked", project_id=project_id,
             target_type="api_key", target_id=key_id,
@@ -143,8 +149,7 @@ async def delete_key(request: web.Request) -> web.Response:
     principal = await authenticate(request, "keys:write")
     actor = audit.actor_from_request(request, principal)
     async with request.app[PG_POOL].acquire() as conn:
-        key, digest = await revoke_key(conn, actor, principal.project_id,
-                                       request.match_info["key_id"])
+        key, digest = await revoke_key(conn, actor, principal, request.match_info["key_id"])
     if digest is not None:
         request.app[AUTHENTICATOR].invalidate(digest)
         await publish_revocation(request.app[REDIS], request.app[SETTINGS].redis_prefix, digest)

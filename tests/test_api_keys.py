@@ -477,3 +477,45 @@ async def test_denied_create_writes_no_audit_event(project: Project, db: asyncpg
     assert_error(await create(project.api, ["bogus:scope"]), 400, "invalid_request")
     assert_error(await project.api.post("/v1/api-keys", data=b"{"), 400, "invalid_request")
     assert len(await audit_rows(db, project.id)) == events_before
+
+
+async def test_a_narrow_key_cannot_revoke_a_broader_one(project: Project) -> None:
+    """No escalation applies to revocation: a keys:write-only key could otherwise lock the
+    operator out by revoking the full-access bootstrap key."""
+    narrow = await new_key(project.api, ["keys:write", "authz:check"], prefix="sk_live_")
+    as_narrow = project.api.with_key(narrow["secret"])
+    r = await as_narrow.delete(f"/v1/api-keys/{project.key_id}")
+    assert_error(r, 403, "insufficient_scope")
+    assert (await project.api.get("/v1/projects/me")).status == 200  # still works
+    # Within its own access it may revoke.
+    peer = await new_key(project.api, ["authz:check"], prefix="sk_live_")
+    assert (await as_narrow.delete(f"/v1/api-keys/{peer['id']}")).status == 200
+
+
+async def test_a_test_key_acts_on_test_keys_only(project: Project) -> None:
+    test_key = await new_key(project.api, [], prefix="sk_test_")
+    as_test = project.api.with_key(test_key["secret"])
+    assert_error(await create(as_test, [], prefix="sk_live_"), 403, "insufficient_scope")
+    assert (await create(as_test, ["authz:check"], prefix="sk_test_")).status == 201
+    live = await new_key(project.api, ["authz:check"], prefix="sk_live_")
+    assert_error(await as_test.delete(f"/v1/api-keys/{live['id']}"), 403, "insufficient_scope")
+
+
+@pytest.mark.parametrize("name", ["a\u0000b", "tab\there", "bell\u0007"])
+async def test_control_characters_in_a_name_are_invalid_request(project: Project, name: str) -> None:
+    r = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": name, "scopes": []})
+    assert_error(r, 400, "invalid_request")
+    assert r.body["error"]["details"]["fields"][0]["field"] == "name"
+
+
+@pytest.mark.parametrize("limit", ["\u00b2", "\u0663", "1e3", " 5", "+5"])
+async def test_non_ascii_digit_limits_are_invalid_request(project: Project, limit: str) -> None:
+    from urllib.parse import quote
+
+    r = await project.api.get(f"/v1/api-keys?limit={quote(limit)}")
+    assert_error(r, 400, "invalid_request")
+
+
+async def test_cursor_carrying_a_nul_is_invalid_request(project: Project) -> None:
+    r = await project.api.get(f"/v1/api-keys?cursor={_forged('api_keys', 'key_' + chr(0))}")
+    assert_error(r, 400, "invalid_request")
