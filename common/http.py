@@ -10,14 +10,15 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError
 
 from common.errors import (
     DbUnavailable,
@@ -40,10 +41,51 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
 
 
+_CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(value: str) -> str:
+    if _CONTROL_RE.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+DisplayName = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    AfterValidator(_printable),
+]
+"""A human-readable name field: 1 to 200 characters after trimming, no control characters."""
+
+
 class RequestModel(BaseModel):
     """Base of request bodies: unknown fields rejected, no type coercion (DESIGN.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
+
+
+def client_ip(request: web.Request, trusted: Networks) -> str | None:
+    """The client's address: the peer, unless the peer is a trusted proxy, in which case the
+    right-most ``X-Forwarded-For`` entry that is not itself a trusted proxy (entries further left
+    are the client's own claims and cannot be believed)."""
+    peer = request.remote
+    if not trusted or peer is None or not _in(peer, trusted):
+        return peer
+    hops = [h.strip() for h in ",".join(request.headers.getall("X-Forwarded-For", [])).split(",")]
+    for hop in reversed([h for h in hops if h]):
+        if not _in(hop, trusted):
+            return hop
+    return peer
+
+
+def _in(address: str, networks: Networks) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in net for net in networks)
 
 
 def request_id(request: web.Request) -> str:
@@ -110,7 +152,13 @@ def validation_error(exc: ValidationError) -> InvalidRequest:
     fields = []
     for err in exc.errors(include_url=False):
         path = ".".join(str(p) for p in err["loc"]) or "body"
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        cause = err.get("ctx", {}).get("error")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif isinstance(cause, ValueError):
+            msg = getattr(cause, "message", None) or str(cause)  # our own rule's words
+        else:
+            msg = err["msg"]
         fields.append({"field": path, "message": msg})
     first = fields[0] if fields else {"field": "body", "message": "invalid"}
     return InvalidRequest(f"{first['field']}: {first['message']}", details={"fields": fields})
@@ -139,8 +187,12 @@ def _is_db_outage(exc: BaseException) -> bool:
         | asyncpg.exceptions.PostgresConnectionError
         | asyncpg.exceptions.CannotConnectNowError
         | asyncpg.exceptions.TooManyConnectionsError
-        | asyncpg.exceptions.ConnectionDoesNotExistError,
-    ) or (isinstance(exc, OSError) and exc.errno is not None)
+        | asyncpg.exceptions.ConnectionDoesNotExistError
+        # AdminShutdownError, CrashShutdownError: in-flight queries when the server stops.
+        | asyncpg.exceptions.OperatorInterventionError,
+    ) or (isinstance(exc, asyncpg.exceptions.InterfaceError) and "connection is closed" in str(exc)) or (
+        isinstance(exc, OSError) and exc.errno is not None
+    )
 
 
 def _from_http_exception(exc: web.HTTPException) -> ServiceError:

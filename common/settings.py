@@ -7,7 +7,8 @@ A bad value stops the service at start with a message naming the variable (``Set
 
 from __future__ import annotations
 
-from typing import Annotated
+import ipaddress
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -67,7 +68,10 @@ class Settings(BaseSettings):
     max_body_bytes: Annotated[int, Field(ge=1024)] = Field(
         4 * 1024 * 1024, validation_alias=_env("SERVICE_MAX_BODY_BYTES")
     )
-    log_level: str = Field("INFO", validation_alias=_env("SERVICE_LOG_LEVEL"))
+    trusted_proxies: str = Field("", validation_alias=_env("SERVICE_TRUSTED_PROXIES"))
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO", validation_alias=_env("SERVICE_LOG_LEVEL")
+    )
 
     @field_validator("bootstrap_token")
     @classmethod
@@ -80,6 +84,22 @@ class Settings(BaseSettings):
                 "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
             )
         return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: str) -> str:
+        for part in filter(None, (p.strip() for p in v.split(","))):
+            try:
+                ipaddress.ip_network(part, strict=False)
+            except ValueError:
+                raise ValueError(f"{part!r} is not an IP address or CIDR network") from None
+        return v
+
+    @property
+    def trusted_proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """``SERVICE_TRUSTED_PROXIES`` parsed: the proxies whose ``X-Forwarded-For`` we believe."""
+        return tuple(ipaddress.ip_network(p.strip(), strict=False)
+                     for p in self.trusted_proxies.split(",") if p.strip())
 
     @field_validator("database_url")
     @classmethod

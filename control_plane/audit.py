@@ -12,7 +12,9 @@ from typing import Any, Final
 import asyncpg
 from aiohttp import web
 
+from common.appkeys import SETTINGS
 from common.auth import Principal
+from common.http import client_ip
 from common.ids import new_id
 
 _INSERT: Final = """
@@ -43,7 +45,7 @@ def actor_from_request(
         type=actor_type or ("api_key" if principal else "anonymous"),
         id=actor_id or key_id,
         api_key_id=key_id,
-        ip=request.remote,
+        ip=client_ip(request, request.app[SETTINGS].trusted_proxy_networks),
         user_agent=request.headers.get("User-Agent"),
     )
 

@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import asyncpg
 from aiohttp import web
-from pydantic import StringConstraints
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.errors import BootstrapDisabled, MissingBootstrapToken
-from common.http import RequestModel, json_response, parse_body
+from common.http import DisplayName, RequestModel, json_response, parse_body
 from common.ids import new_id
 from control_plane import audit
 from control_plane.api_keys import ONE_TIME_WARNING, insert_key
 
 HEADER: Final = "x-service-bootstrap-token"
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 
 
 class BootstrapBody(RequestModel):
-    tenant_name: Name
-    project_name: Name
-    environment: Name
+    tenant_name: DisplayName
+    project_name: DisplayName
+    environment: DisplayName
 
 
 def check_token(configured: str | None, presented: str | None) -> None:
@@ -31,7 +30,12 @@ def check_token(configured: str | None, presented: str | None) -> None:
     time compare)."""
     if configured is None:
         raise BootstrapDisabled()
-    if presented is None or not hmac.compare_digest(presented.encode(), configured.encode()):
+    # Digests of both sides: equal length whatever was sent, and header bytes that are not
+    # UTF-8 (aiohttp keeps them as surrogate escapes) cannot make the comparison fail loudly.
+    if presented is None or not hmac.compare_digest(
+        hashlib.sha256(presented.encode("utf-8", "surrogateescape")).digest(),
+        hashlib.sha256(configured.encode()).digest(),
+    ):
         raise MissingBootstrapToken()
 
 

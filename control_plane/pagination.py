@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -19,6 +20,7 @@ import orjson
 
 from common.errors import InvalidRequest
 
+_LIMIT_RE: Final = re.compile(r"[0-9]{1,7}")  # ASCII digits: str.isdigit() also takes "²"
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 1000
 
@@ -37,7 +39,7 @@ def parse_page(query: Mapping[str, str], *, kind: str, key_len: int) -> Page:
     raw_limit = query.get("limit")
     limit = DEFAULT_LIMIT
     if raw_limit is not None:
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+        if not _LIMIT_RE.fullmatch(raw_limit) or not 1 <= int(raw_limit) <= MAX_LIMIT:
             raise InvalidRequest.field("limit", f"must be an integer from 1 to {MAX_LIMIT}")
         limit = int(raw_limit)
     cursor = query.get("cursor")
@@ -49,7 +51,7 @@ def parse_page(query: Mapping[str, str], *, kind: str, key_len: int) -> Page:
         raise InvalidRequest.field("cursor", "is not a cursor this listing issued") from None
     if (
         not isinstance(decoded, list) or len(decoded) != key_len + 1 or decoded[0] != kind
-        or not all(isinstance(v, str) for v in decoded[1:])
+        or not all(isinstance(v, str) and "\x00" not in v for v in decoded[1:])
     ):
         raise InvalidRequest.field("cursor", "is not a cursor this listing issued")
     return Page(limit, tuple(decoded[1:]))

@@ -6,15 +6,14 @@ project's keys, exactly like a store that does not exist.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final
+from typing import Any, Final
 
 import asyncpg
 from aiohttp import web
-from pydantic import StringConstraints
 
 from common.appkeys import PG_POOL
 from common.errors import StoreNotFound
-from common.http import RequestModel, json_response, parse_body
+from common.http import DisplayName, RequestModel, json_response, parse_body
 from common.ids import new_id
 from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
@@ -25,7 +24,7 @@ READ_SCOPES: Final = ("authz:write", "authz:check")
 
 
 class CreateStoreBody(RequestModel):
-    name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+    name: DisplayName
 
 
 async def create_store(conn: asyncpg.Connection, project_id: str, name: str) -> dict[str, Any]:

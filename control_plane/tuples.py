@@ -41,20 +41,25 @@ class WriteBody(RequestModel):
     deletes: list[TupleKey] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _bounds_and_uniqueness(self) -> WriteBody:
+    def _bounds(self) -> WriteBody:
         total = len(self.writes) + len(self.deletes)
         if not 1 <= total <= MAX_TUPLES_PER_WRITE:
             raise ValueError(
                 f"writes and deletes must hold 1 to {MAX_TUPLES_PER_WRITE} tuples in all, got {total}"
             )
-        seen: dict[tuple[str, str, str], str] = {}
-        for name, items in (("writes", self.writes), ("deletes", self.deletes)):
-            for i, t in enumerate(items):
-                where = f"{name}[{i}]"
-                if t.key() in seen:
-                    raise ValueError(f"{where} repeats {seen[t.key()]}")
-                seen[t.key()] = where
         return self
+
+
+def check_unique(body: WriteBody) -> None:
+    """Raises InvalidRequest naming the first tuple that repeats an earlier one (in ``writes``
+    or ``deletes``, or across them: a call may not both write and delete a tuple)."""
+    seen: dict[tuple[str, str, str], str] = {}
+    for name, items in (("writes", body.writes), ("deletes", body.deletes)):
+        for i, t in enumerate(items):
+            where = f"{name}.{i}"
+            if t.key() in seen:
+                raise InvalidRequest.field(where, f"repeats {seen[t.key()]}")
+            seen[t.key()] = where
 
 
 def _columns(items: list[TupleKey]) -> tuple[list[str], list[str], list[str]]:
@@ -151,6 +156,7 @@ async def list_tuples(
 async def post_write(request: web.Request) -> web.Response:
     principal = await authenticate(request, "authz:write")
     body = await parse_body(request, WriteBody)
+    check_unique(body)
     async with request.app[PG_POOL].acquire() as conn:
         result = await write_tuples(conn, principal.project_id, request.match_info["store_id"],
                                     body)

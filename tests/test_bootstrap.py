@@ -223,3 +223,51 @@ async def test_bootstrap_key_is_stored_as_sha256(service: Api, db: asyncpg.Pool)
     assert list(row["scopes"]) == []
     assert row["project_id"] == r.body["project"]["id"]
     assert all(secret not in str(v) for v in row.values())
+
+
+async def test_a_header_that_is_not_utf8_is_refused_not_a_crash(service: Api) -> None:
+    """Raw bytes 0xff 0xfe in the header (aiohttp keeps them as surrogate escapes): a 401, not a
+    crash. Sent over a plain socket, since an HTTP client would re-encode the value."""
+    import asyncio
+    import json
+    from urllib.parse import urlsplit
+
+    url = urlsplit(service.base_url)
+    payload = json.dumps(body()).encode()
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write(b"POST /v1/bootstrap HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + HEADER.encode() + b": \xff\xfe\r\nConnection: close\r\n"
+                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    await writer.drain()
+    response = await reader.read()
+    writer.close()
+    head, _, raw = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 401"), response
+    assert json.loads(raw)["error"]["code"] == "missing_bootstrap_token"
+
+
+async def test_control_characters_in_names_are_invalid_request(service: Api) -> None:
+    r = await boot(service, body(tenant_name="Acme\u0000"))
+    assert_error(r, 400, "invalid_request")
+
+
+@pytest.mark.parametrize(("trusted", "forwarded", "recorded"), [
+    # No trusted proxy: the header is the client's own claim and is ignored.
+    ("", "198.51.100.7", "127.0.0.1"),
+    # Behind a trusted proxy (the ingress on loopback): the right-most untrusted hop.
+    ("127.0.0.1/32", "198.51.100.7, 203.0.113.9", "203.0.113.9"),
+    ("127.0.0.0/8,10.0.0.0/8", "198.51.100.7, 203.0.113.9, 10.1.2.3", "203.0.113.9"),
+])
+async def test_audit_ip_honours_only_trusted_proxies(
+    settings_factory: Callable[..., Settings], http: ClientSession, db: asyncpg.Pool,
+    trusted: str, forwarded: str, recorded: str,
+) -> None:
+    from tests.conftest import serving
+
+    async with serving(http, combined_app(settings_factory(trusted_proxies=trusted))) as api:
+        payload = body()
+        r = await boot(api, payload, **{"X-Forwarded-For": forwarded})
+        assert r.status == 201, r.body
+    ips = {row["ip"] for row in await db.fetch(
+        "SELECT ip FROM audit_events WHERE project_id = $1", r.body["project"]["id"])}
+    assert ips == {recorded}

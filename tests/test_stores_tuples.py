@@ -334,9 +334,14 @@ async def test_duplicate_tuples_in_one_call_are_invalid_request(project: Project
     store = await new_store(project)
     a = t("document:1", "viewer", "user:anne")
     b = t("document:2", "viewer", "user:anne")
-    assert_error(await write(project, store, [a, b, dict(a)]), 400, "invalid_request")
-    assert_error(await write(project, store, deletes=[a, a]), 400, "invalid_request")
-    assert_error(await write(project, store, [a], [b, a]), 400, "invalid_request")
+    for call, field, message in (
+        (write(project, store, [a, b, dict(a)]), "writes.2", "repeats writes.0"),
+        (write(project, store, deletes=[a, a]), "deletes.1", "repeats deletes.0"),
+        (write(project, store, [a], [b, a]), "deletes.1", "repeats writes.0"),
+    ):
+        r = await call
+        assert_error(r, 400, "invalid_request")
+        assert r.body["error"]["details"]["fields"] == [{"field": field, "message": message}]
     assert await revision(project, store) == 0
     assert await all_tuples(project, store) == []
     assert await changes(db, store) == []

@@ -20,9 +20,9 @@ from common.settings import Settings, SettingsError, load_settings
 def _serve(settings: Settings, target: str) -> None:
     import uvloop
     from aiohttp import web
-    from engine.checks import create_engine_app, setup_engine
 
     from control_plane.app import create_control_plane_app, setup_control_plane
+    from engine.checks import create_engine_app, setup_engine
 
     if target == "engine":
         app, port = create_engine_app(settings), settings.engine_port
