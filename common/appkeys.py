@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Final
 
 import asyncpg
@@ -19,4 +19,3 @@ AUTHENTICATOR: Final = web.AppKey("authenticator", ApiKeyAuthenticator)
 # Each service appends a probe; /readyz answers 200 only when all return True.
 READINESS: Final = web.AppKey("readiness", list[Callable[[], bool]])
 RESOURCES_INSTALLED: Final = web.AppKey("resources_installed", bool)
-BACKGROUND: Final = web.AppKey("background", list[Callable[[], Awaitable[None]]])
