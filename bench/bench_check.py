@@ -15,7 +15,7 @@ Reads ``tuples.jsonl`` (``{"object","relation","user"}`` per line) and ``checks.
 * p50 / p99 / p99.9 / max latency per check in microseconds, each check timed on its own
   with ``time.perf_counter_ns`` (timer overhead shown separately, not subtracted);
 * the same figures for the cold pass: the first run over the checks on a freshly loaded
-  graph, before the per-node walk memo (see ``engine/graph.py``) has been filled;
+  graph, before the per-node walk memo (see ``engine/graph/search.py``) has been filled;
 * allowed ratio, resolution mix, mean nodes visited, memo size.
 
 The loaded graph is moved out of the collected generations with ``gc.freeze()`` before the

@@ -11,23 +11,34 @@ Rules, close to OpenFGA's but stricter where a character would make the tuple no
 ``object#relation@user`` ambiguous or a log line unreadable:
 
 * type: ASCII letters, digits, ``_ . -``; starts with a letter, digit or ``_``; 1-64 chars.
-* id: 1-256 chars of Unicode letters and digits, ``_``, and ``. - | / = + ~ %``; so no
-  whitespace, control characters, ``:``, ``#``, ``*`` or ``@`` (``@`` separates object and
-  user in the tuple notation ``object#relation@user`` used in resolution paths and logs, so
-  it may appear nowhere inside a part; e-mail addresses are not ids).
+* id: 1-256 chars of Unicode letters and digits, ``_``, and ``. - | / = + ~ % @``; so no
+  whitespace, control characters, ``:``, ``#`` or ``*``. ``@`` is allowed, as in OpenFGA, so
+  that e-mail addresses can be ids (``user:anne@example.com``).
 * relation: ASCII letters, digits, ``_ -``; starts with a letter or ``_``; 1-64 chars.
 * whole object at most 320 chars; whole user at most 385 (an object plus ``#relation``).
 * wildcards (``type:*``) are not supported (SPEC.md section 4, endpoint rule 4: direct and
   userset rules only) and are rejected with their own message.
 
+So ``'#'`` appears in no type or id and ``'@'`` in no type or relation, which keeps the tuple
+notation ``object#relation@user`` (resolution paths, logs) unambiguous even with ``'@'`` in
+both ids: the object is everything before the first ``'#'``, the relation runs from there to
+the next ``'@'``, and the user is the rest (it may hold ``'@'`` and a ``'#relation'``)::
+
+    obj, _, rest = step.partition("#")
+    relation, _, user = rest.partition("@")
+
+Splitting at the first ``'@'`` instead would cut ``doc:a@b#viewer@user:c@d`` wrongly.
+
 Every function is pure and uses precompiled regular expressions: the happy path is one
-``fullmatch`` per string; the slower diagnosis runs only to word the error.
+``fullmatch`` per string; the slower diagnosis runs only to word the error. The acceptance
+rule of each part is written once (``_object_ok``, ``_relation_ok``, ``_user_ok``) and shared
+by the validators and :func:`is_valid_tuple`, the engine's per-check fast path.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Final, TypeGuard
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -35,6 +46,7 @@ __all__ = [
     "MAX_OBJECT_LENGTH",
     "MAX_USER_LENGTH",
     "TupleFormatError",
+    "is_valid_tuple",
     "validate_object",
     "validate_relation",
     "validate_tuple",
@@ -62,6 +74,10 @@ RELATION_RE: Final = re.compile(_RELATION)
 USER_RE: Final = re.compile(f"{_TYPE}:{_ID}(?:#{_RELATION})?")
 """``type:id`` or ``type:id#relation`` (use ``fullmatch``; lengths are checked separately)."""
 
+_match_object: Final = OBJECT_RE.fullmatch
+_match_relation: Final = RELATION_RE.fullmatch
+_match_user: Final = USER_RE.fullmatch
+
 _TYPE_RE: Final = re.compile(_TYPE)
 _ID_CHAR_RE: Final = re.compile(_ID_CHAR)
 _BAD_SPACE_RE: Final = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
@@ -78,16 +94,37 @@ class TupleFormatError(ValueError):
         super().__init__(f"{field}: {message}")
 
 
+# --- the acceptance rule, once per part ---------------------------------------------------------
+
+
+def _object_ok(value: object) -> TypeGuard[str]:
+    return type(value) is str and len(value) <= MAX_OBJECT_LENGTH and _match_object(value) is not None
+
+
+def _relation_ok(value: object) -> TypeGuard[str]:
+    return type(value) is str and _match_relation(value) is not None  # the pattern caps the length
+
+
+def _user_ok(value: object) -> TypeGuard[str]:
+    return type(value) is str and len(value) <= MAX_USER_LENGTH and _match_user(value) is not None
+
+
+def is_valid_tuple(object: object, relation: object, user: object) -> bool:
+    """Whether all three parts are valid: exactly what :func:`validate_tuple` accepts, without
+    an exception or a message (the hot path's check; use the validators to word an error)."""
+    return _object_ok(object) and _relation_ok(relation) and _user_ok(user)
+
+
 def validate_object(value: object) -> str:
     """Return ``value`` if it is a valid ``type:id`` object, else raise TupleFormatError."""
-    if type(value) is str and len(value) <= MAX_OBJECT_LENGTH and OBJECT_RE.fullmatch(value):
+    if _object_ok(value):
         return value
     raise TupleFormatError("object", _diagnose_object("object", value))
 
 
 def validate_relation(value: object) -> str:
     """Return ``value`` if it is a valid relation name, else raise TupleFormatError."""
-    if type(value) is str and RELATION_RE.fullmatch(value):
+    if _relation_ok(value):
         return value
     raise TupleFormatError("relation", _diagnose_relation("relation", value))
 
@@ -95,7 +132,7 @@ def validate_relation(value: object) -> str:
 def validate_user(value: object) -> str:
     """Return ``value`` if it is ``type:id`` or ``type:id#relation``, else raise
     TupleFormatError."""
-    if type(value) is str and len(value) <= MAX_USER_LENGTH and USER_RE.fullmatch(value):
+    if _user_ok(value):
         return value
     raise TupleFormatError("user", _diagnose_user(value))
 

@@ -44,15 +44,12 @@ from common.errors import (
     StoreNotFound,
 )
 from common.http import REQUEST_ID, read_json
+from common.ids import is_id
 from common.runtime import base_app, install_resources
 from common.settings import Settings
 from common.tuples import (
-    MAX_OBJECT_LENGTH,
-    MAX_USER_LENGTH,
-    OBJECT_RE,
-    RELATION_RE,
-    USER_RE,
     TupleFormatError,
+    is_valid_tuple,
     validate_object,
     validate_relation,
     validate_user,
@@ -124,11 +121,11 @@ def _parse_check(data: Any, fields: Fields, where: str = "body") -> Parsed | Non
     if len(data) == 1:  # the common shape, {"tuple_key": {...}}: validated in one pass
         key = data.get("tuple_key")
         if type(key) is dict and len(key) == 3:
+            o: Any
+            r: Any
+            u: Any
             o, r, u = key.get("object"), key.get("relation"), key.get("user")
-            if (type(o) is str and type(r) is str and type(u) is str
-                    and len(o) <= MAX_OBJECT_LENGTH and len(u) <= MAX_USER_LENGTH
-                    and OBJECT_RE.fullmatch(o) and RELATION_RE.fullmatch(r)
-                    and USER_RE.fullmatch(u)):
+            if is_valid_tuple(o, r, u):  # so all three are valid strings
                 return o, r, u, None
     _unknown(data, _CHECK_FIELDS, "", fields)
     key = data.get("tuple_key")
@@ -189,11 +186,16 @@ async def _principal(request: web.Request) -> Principal:
 
 async def _store(request: web.Request, principal: Principal) -> LoadedStore:
     """The caller's store from memory (loaded on demand); StoreNotFound for a missing store and
-    for another project's store alike, NotReady while the snapshot is still loading."""
+    for another project's store alike, NotReady while the snapshot is still loading.
+
+    An id that is not a well-formed store id is not found at once: only a miss on a plausible
+    id costs a load task and a query."""
     registry = request.app[STORES]
     store_id = request.match_info["store_id"]
     store = registry.peek(store_id)
     if store is None:
+        if not is_id(store_id, "store"):
+            raise StoreNotFound()
         if not registry.ready and not await registry.wait_ready(_timeout_s(request)):
             raise NotReady()
         store = await registry.get(store_id)

@@ -3,12 +3,13 @@
 Life cycle of a :class:`StoreRegistry` (DESIGN.md "Two services, one product"):
 
 1. ``start()`` spawns the runner. It first opens a dedicated connection and ``LISTEN``\\s on
-   ``authio_tuple_changes`` (payload ``"<store_id>:<revision>"``, sent by the control plane in the
-   write transaction, and with revision 0 when a store is created), *then* loads a consistent
-   snapshot of every store in one ``REPEATABLE READ READ ONLY`` transaction (``COPY ... TO
-   STDOUT``, parsed here), then runs one poll pass that catches up every store still behind.
-   Only then is :attr:`StoreRegistry.ready` true. Listening before the snapshot means no change
-   committed after the snapshot can go unnoticed.
+   ``authio_tuple_changes`` (the contract of :mod:`common.changes`: payload
+   ``"<store_id>:<revision>"``, sent by the control plane in the write transaction, and with
+   revision 0 when a store is created), *then* loads a consistent snapshot of every store in one
+   ``REPEATABLE READ READ ONLY`` transaction (``COPY ... TO STDOUT``, parsed here), then runs one
+   poll pass that catches up every store still behind. Only then is :attr:`StoreRegistry.ready`
+   true. Listening before the snapshot means no change committed after the snapshot can go
+   unnoticed.
 2. Following: a notification newer than the store's revision schedules a catch-up of that store
    (at most one running per store; one more run if more arrived meanwhile); a notification for an
    unknown store loads it. A poll every ``poll_seconds`` (``SELECT id, project_id, revision FROM
@@ -41,14 +42,12 @@ from typing import Any, Final
 import asyncpg
 from cachetools import TTLCache
 
+from common import changes
 from engine.graph import StoreGraph
 
-__all__ = ["CHANNEL", "LoadedStore", "StoreRegistry", "parse_notification"]
+__all__ = ["LoadedStore", "StoreRegistry"]
 
 log = logging.getLogger("authio.engine.registry")
-
-CHANNEL: Final = "authio_tuple_changes"
-"""The PostgreSQL ``NOTIFY`` channel the control plane signals tuple writes on."""
 
 _STORES_SQL: Final = "SELECT id, project_id, revision FROM stores"
 _STORE_SQL: Final = "SELECT project_id, revision FROM stores WHERE id = $1"
@@ -84,18 +83,6 @@ class LoadedStore:
     project_id: str
     graph: StoreGraph
     revision: int
-
-
-def parse_notification(payload: str) -> tuple[str, int] | None:
-    """``"<store_id>:<revision>"`` -> ``(store_id, revision)``; None when malformed."""
-    store_id, sep, rev = payload.rpartition(":")
-    if not sep or not store_id:
-        return None
-    try:
-        revision = int(rev)
-    except ValueError:
-        return None
-    return (store_id, revision) if revision >= 0 else None
 
 
 def _unescape_copy(field: str) -> str:
@@ -327,6 +314,8 @@ class StoreRegistry:
             await asyncio.sleep(self._poll_seconds)
             listener = self._listener
             if listener is None or listener.is_closed():
+                # Also true while _keep_listening reconnects; _connect_listener clears the flag
+                # once the new connection is installed, so this cannot undo a slow reconnect.
                 self._listener_lost.set()
             try:
                 await self._poll_once()
@@ -348,17 +337,19 @@ class StoreRegistry:
     # -- listening ---------------------------------------------------------------------------
 
     async def _connect_listener(self) -> None:
-        self._listener_lost.clear()
         conn = await asyncpg.connect(
             self._dsn, timeout=10, server_settings={"application_name": "authio-engine-listen"}
         )
         try:
             conn.add_termination_listener(self._on_listener_terminated)
-            await conn.add_listener(CHANNEL, self._on_notify)
+            await conn.add_listener(changes.CHANNEL, self._on_notify)
         except BaseException:
             conn.terminate()
             raise
         self._listener = conn
+        # Cleared only now: while the connect was in progress (no listener), the poll loop may
+        # have flagged the loss again; that flag is about the old connection, not this one.
+        self._listener_lost.clear()
 
     def _on_listener_terminated(self, conn: Any) -> None:
         if conn is self._listener:
@@ -374,9 +365,9 @@ class StoreRegistry:
             conn.terminate()
 
     def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
-        note = parse_notification(payload)
+        note = changes.parse(payload)
         if note is None:
-            log.warning("ignoring malformed %s payload %r", CHANNEL, payload)
+            log.warning("ignoring malformed %s payload %r", changes.CHANNEL, payload)
             return
         self.notify(*note)
 

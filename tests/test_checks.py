@@ -30,10 +30,20 @@ POLL_INTERVAL_S = 0.005
 
 
 def tk(spec: str) -> dict[str, str]:
-    """``"doc:1#viewer@user:a"`` -> ``{"object", "relation", "user"}``."""
+    """``"doc:1#viewer@user:a"`` -> ``{"object", "relation", "user"}``.
+
+    The object ends at the first '#' (types and ids never hold one), the relation at the next
+    '@' (relations never hold one); the user is the rest, '@' in its id included.
+    """
     obj, _, rest = spec.partition("#")
     rel, _, user = rest.partition("@")
     return {"object": obj, "relation": rel, "user": user}
+
+
+def node_of(spec: str) -> str:
+    """``"object#relation@user"`` -> ``"object#relation"`` (see :func:`tk`)."""
+    t = tk(spec)
+    return f"{t['object']}#{t['relation']}"
 
 
 async def new_store(api: Api, name: str = "checks") -> str:
@@ -157,7 +167,7 @@ async def test_nested_usersets_resolve_at_depth(project: Project) -> None:
     assert r.body["resolution_path"] == tuples
     # every node on the way answers too, and a stranger is denied everywhere
     for t in tuples[1:]:
-        node = t.partition("@")[0]
+        node = node_of(t)
         assert await allowed(project.api, store, f"{node}@user:x", rev) is True
         assert await allowed(project.api, store, f"{node}@user:y", rev) is False
 
@@ -187,6 +197,23 @@ async def test_unicode_ids(project: Project) -> None:
                                          "group:équipe#member@user:jürgen"]
     # no normalisation: a look-alike id is another id
     assert await allowed(project.api, store, "doc:resume#viewer@user:zoë", rev) is False
+
+
+async def test_at_signs_in_object_and_user_ids(project: Project) -> None:
+    """E-mail-like ids ('@' inside the id) on both ends; each path step splits back into the
+    tuple it names (object up to the first '#', relation up to the next '@', user the rest)."""
+    store = await new_store(project.api)
+    tuples = ["doc:q3@finance#viewer@group:ops@acme#member",
+              "group:ops@acme#member@user:anne@example.com"]
+    rev = await write(project.api, store, tuples)
+    r = await check(project.api, store, "doc:q3@finance#viewer@user:anne@example.com", rev)
+    assert r.status == 200 and r.body["allowed"] is True, r.body
+    assert r.body["resolution_path"] == tuples
+    assert [tk(step) for step in r.body["resolution_path"]] == [
+        {"object": "doc:q3@finance", "relation": "viewer", "user": "group:ops@acme#member"},
+        {"object": "group:ops@acme", "relation": "member", "user": "user:anne@example.com"}]
+    assert await allowed(project.api, store, "doc:q3@finance#viewer@user:anne", rev) is False
+    assert await allowed(project.api, store, "doc:q3#viewer@user:anne@example.com", rev) is False
 
 
 # --- userset as user, self ------------------------------------------------------------------
@@ -598,11 +625,15 @@ async def test_non_object_body(project: Project, raw: bytes) -> None:
 # --- stores and isolation ---------------------------------------------------------------------
 
 
-async def test_unknown_store_is_store_not_found(project: Project) -> None:
-    r = await check(project.api, "store_01hzzzzzzzzzzzzzzzzzzzzzzz", "doc:1#viewer@user:a")
+@pytest.mark.parametrize("store_id", [
+    "store_01hzzzzzzzzzzzzzzzzzzzzzzz",  # well-formed, unknown
+    "not-a-store", "store_", "proj_01hzzzzzzzzzzzzzzzzzzzzzzz", "store_01HZZZZZZZZZZZZZZZZZZZZZZZ",
+    "store_01hzzzzzzzzzzzzzzzzzzzzzz", "x" * 500,  # malformed: refused before any lookup
+])
+async def test_unknown_store_is_store_not_found(project: Project, store_id: str) -> None:
+    r = await check(project.api, store_id, "doc:1#viewer@user:a")
     assert_error(r, 404, "store_not_found")
-    r = await batch(project.api, "store_01hzzzzzzzzzzzzzzzzzzzzzzz",
-                    [{"tuple_key": tk("doc:1#viewer@user:a")}])
+    r = await batch(project.api, store_id, [{"tuple_key": tk("doc:1#viewer@user:a")}])
     assert_error(r, 404, "store_not_found")
 
 

@@ -52,6 +52,15 @@ def _tuple_str(t: dict[str, str]) -> str:
     return f"{t['object']}#{t['relation']}@{t['user']}"
 
 
+def _split_step(step: str) -> tuple[str, str]:
+    """``"object#relation@user"`` -> (``"object#relation"``, ``user``). Ids may hold '@'
+    (e-mail addresses) but types and ids never hold '#', and relations never hold '@': the
+    object ends at the first '#', the relation at the next '@' (common/tuples.py)."""
+    obj, _, rest = step.partition("#")
+    relation, _, user = rest.partition("@")
+    return f"{obj}#{relation}", user
+
+
 def _assert_consistent(answer: dict[str, Any], tuples: list[dict[str, str]],
                        assertion: dict[str, Any], min_revision: int) -> None:
     """``answer`` agrees with ``assertion`` and explains itself with a valid proof."""
@@ -70,11 +79,24 @@ def _assert_consistent(answer: dict[str, Any], tuples: list[dict[str, str]],
     node = f"{assertion['object']}#{assertion['relation']}"
     for i, step in enumerate(path):
         assert step in stored, (what, f"step {i} {step!r} is not a tuple of the case", answer)
-        step_node, _, step_user = step.partition("@")
+        step_node, step_user = _split_step(step)
         assert step_node == node, (what, f"step {i} starts at {step_node!r}, expected {node!r}", answer)
         node = step_user
     assert node == assertion["user"], (what, "proof does not end at the checked user", answer)
     assert answer["resolution"] == ("direct" if len(path) == 1 else "userset"), (what, answer)
+
+
+def test_path_steps_with_at_signs_in_ids() -> None:
+    """The proof check itself: '@' in the object id and in the user id of a step."""
+    tuples = [{"object": "doc:q3@finance", "relation": "viewer", "user": "group:ops@acme#member"},
+              {"object": "group:ops@acme", "relation": "member", "user": "user:anne@example.com"}]
+    assertion = {"object": "doc:q3@finance", "relation": "viewer",
+                 "user": "user:anne@example.com", "allowed": True}
+    answer: dict[str, Any] = {"allowed": True, "resolution": "userset", "revision": 1,
+                              "resolution_path": [_tuple_str(t) for t in tuples]}
+    assert _split_step(answer["resolution_path"][0]) == ("doc:q3@finance#viewer",
+                                                          "group:ops@acme#member")
+    _assert_consistent(answer, tuples, assertion, 1)
 
 
 async def _store_with_tuples(api: Api, case: dict[str, Any]) -> tuple[str, int]:

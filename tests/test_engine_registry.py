@@ -19,15 +19,18 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import orjson
+import pytest
 import pytest_asyncio
 from aiohttp import ClientSession, web
 
+from common import changes
 from common.auth import hash_secret
 from common.settings import load_settings
 from control_plane.migrate import upgrade
+from engine.appkeys import STORES
 from engine.checks import create_engine_app
 from engine.graph import check
-from engine.registry import CHANNEL, LoadedStore, StoreRegistry, parse_notification
+from engine.registry import LoadedStore, StoreRegistry
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 PROJECT = "proj_engine_registry_tests"
@@ -111,7 +114,8 @@ async def create_store(pool: asyncpg.Pool, *, project: str = PROJECT, notify: bo
         await conn.execute("INSERT INTO stores (id, project_id, name) VALUES ($1, $2, 'n')",
                            store_id, project)
         if notify:
-            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"{store_id}:0")
+            await conn.execute("SELECT pg_notify($1, $2)", changes.CHANNEL,
+                               changes.payload(store_id, 0))
     if tuples:
         await write(pool, store_id, writes=tuples, notify=notify)
     return store_id
@@ -139,7 +143,8 @@ async def write(pool: asyncpg.Pool, store_id: str, *, writes: list[Tuple] | None
                                store_id, revision, seq, o, r, u)
         await conn.execute("UPDATE stores SET revision = $2 WHERE id = $1", store_id, revision)
         if notify:
-            await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"{store_id}:{revision}")
+            await conn.execute("SELECT pg_notify($1, $2)", changes.CHANNEL,
+                               changes.payload(store_id, revision))
     return int(revision)
 
 
@@ -160,11 +165,18 @@ async def until(predicate: Callable[[], bool], within: float) -> float:
 # -- tests -------------------------------------------------------------------------------------
 
 
-def test_parse_notification() -> None:
-    assert parse_notification("store_abc:12") == ("store_abc", 12)
-    assert parse_notification("a:b:3") == ("a:b", 3)
-    for bad in ("", "store_abc", ":3", "store_abc:x", "store_abc:-1"):
-        assert parse_notification(bad) is None, bad
+def test_change_notification_contract() -> None:
+    assert changes.CHANNEL == "authio_tuple_changes"
+    assert changes.payload("store_abc", 12) == "store_abc:12"
+    assert changes.payload("store_abc", 0) == "store_abc:0"
+    for store_id, revision in (("store_abc", 12), ("store_abc", 0), ("a:b", 3)):
+        assert changes.parse(changes.payload(store_id, revision)) == (store_id, revision)
+    assert changes.parse("a:b:3") == ("a:b", 3)
+    for bad in ("", "store_abc", ":3", "store_abc:", "store_abc:x", "store_abc:-1",
+                "store_abc:+1", "store_abc: 1", "store_abc:1_0", "store_abc:\u0661"):
+        assert changes.parse(bad) is None, bad
+    with pytest.raises(ValueError):
+        changes.payload("store_abc", -1)
 
 
 async def test_snapshot_load(pool: asyncpg.Pool, make_registry: Factory) -> None:
@@ -245,6 +257,31 @@ async def test_catch_up_after_listener_killed(pool: asyncpg.Pool, eng_db: str,
     await until(lambda: store.revision >= revision, 1.0)
 
 
+async def test_slow_listener_reconnect_is_kept(pool: asyncpg.Pool, make_registry: Factory,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reconnect slower than a poll tick keeps its new connection. While it connects there is
+    no listener, so the poll loop flags a loss; that flag must not tear the new one down."""
+    registry = await make_registry(poll_seconds=0.02)
+    real_connect = asyncpg.connect
+    connects = 0
+
+    async def slow_connect(*args: Any, **kwargs: Any) -> Any:
+        nonlocal connects
+        connects += 1
+        await asyncio.sleep(0.2)  # ten poll ticks
+        return await real_connect(*args, **kwargs)
+
+    monkeypatch.setattr(asyncpg, "connect", slow_connect)  # the module engine.registry calls
+    old = registry._listener
+    await pool.execute("SELECT pg_terminate_backend($1)", old.get_server_pid())
+    await until(lambda: registry._listener not in (None, old), 5.0)
+    fresh = registry._listener
+    await asyncio.sleep(0.6)  # thirty more poll ticks
+    assert connects == 1
+    assert registry._listener is fresh and not fresh.is_closed()
+    assert not registry._listener_lost.is_set()
+
+
 async def test_poll_is_the_fallback(pool: asyncpg.Pool, make_registry: Factory) -> None:
     store_id = await create_store(pool)
     registry = await make_registry(poll_seconds=0.1)
@@ -313,8 +350,8 @@ OTHER_KEY = "sk_test_" + "O" * 43  # full access, other project
 
 
 class EngineApi:
-    def __init__(self, session: ClientSession, base_url: str) -> None:
-        self.session, self.base_url = session, base_url
+    def __init__(self, session: ClientSession, base_url: str, app: web.Application) -> None:
+        self.session, self.base_url, self.app = session, base_url, app
 
     async def post(self, path: str, body: Any, key: str | None = FULL_KEY) -> tuple[int, Any, Any]:
         headers = {"Content-Type": "application/json"}
@@ -341,13 +378,14 @@ async def engine_api(eng_db: str, pool: asyncpg.Pool) -> AsyncIterator[EngineApi
         redis_prefix=f"authio_eng_{secrets.token_hex(4)}:", consistency_timeout_ms=300,
         engine_poll_seconds=3600, pg_pool_max=4,
     )
-    runner = web.AppRunner(create_engine_app(settings), access_log=None)
+    app = create_engine_app(settings)
+    runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     async with ClientSession() as session:
-        api = EngineApi(session, f"http://127.0.0.1:{port}")
+        api = EngineApi(session, f"http://127.0.0.1:{port}", app)
         for _ in range(300):
             async with session.get(api.base_url + "/readyz") as r:
                 if r.status == 200:
@@ -406,6 +444,35 @@ async def test_http_check_errors(pool: asyncpg.Pool, engine_api: EngineApi) -> N
     assert (status, body["error"]["code"]) == (401, "missing_api_key")
     status, body, _ = await engine_api.post(path, good, key=NARROW_KEY)
     assert (status, body["error"]["code"]) == (403, "insufficient_scope")
+
+
+async def test_http_malformed_store_id_costs_no_lookup(engine_api: EngineApi,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id that cannot be a store id is store_not_found before any load task or query."""
+    registry = engine_api.app[STORES]
+    real_get = registry.get
+    looked_up: list[str] = []
+
+    async def spy_get(store_id: str) -> LoadedStore | None:
+        looked_up.append(store_id)
+        return await real_get(store_id)
+
+    monkeypatch.setattr(registry, "get", spy_get)
+    good = tk("doc:1", "viewer", "user:ann")
+    malformed = ["nope", "store_doesnotexist", f"proj_{'0' * 26}", f"store_{'0' * 25}",
+                 f"store_{'0' * 27}", f"store_{'A' * 26}", f"store_{'0' * 25}u", "x" * 2000]
+    for store_id in malformed:
+        for path, body in ((f"/v1/stores/{store_id}/check", good),
+                           (f"/v1/stores/{store_id}/batch-check", {"checks": [good]})):
+            status, answer, _ = await engine_api.post(path, body)
+            assert (status, answer["error"]["code"]) == (404, "store_not_found"), (path, answer)
+        assert store_id not in registry._missing and store_id not in registry._loads
+    assert looked_up == []
+    # A well-formed unknown id is still looked up (once; the miss is then remembered).
+    unknown = f"store_{secrets.token_hex(13)}"
+    status, answer, _ = await engine_api.post(f"/v1/stores/{unknown}/check", good)
+    assert (status, answer["error"]["code"]) == (404, "store_not_found")
+    assert looked_up == [unknown] and unknown in registry._missing
 
 
 async def test_http_consistency_and_depth(pool: asyncpg.Pool, engine_api: EngineApi) -> None:

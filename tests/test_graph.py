@@ -1,4 +1,5 @@
-"""Unit tests of the check algorithm (engine/graph.py) and tuple validation (common/tuples.py).
+"""Unit tests of the check algorithm (the engine/graph/ package) and tuple validation
+(common/tuples.py).
 
 Plain synchronous tests: no database, no fixtures from conftest. The shared conformance
 suite lives beside the repository (``../shared/conformance/openfga``).
@@ -10,7 +11,9 @@ import gc
 import importlib.util
 import json
 import random
+import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
@@ -18,11 +21,12 @@ from typing import Any
 
 import pytest
 
-import engine.graph as graph_module
+import engine.graph.search as search_module
 from common.tuples import (
     MAX_ID_LENGTH,
     MAX_OBJECT_LENGTH,
     TupleFormatError,
+    is_valid_tuple,
     validate_object,
     validate_relation,
     validate_tuple,
@@ -103,6 +107,15 @@ def outcome(g: StoreGraph, o: str, r: str, u: str, max_depth: int = 25) -> int |
     return res.depth if res.allowed else 0
 
 
+def split_step(step: str) -> tuple[str, str, str]:
+    """``"object#relation@user"`` -> its parts: the object ends at the first '#' (types and ids
+    never hold one), the relation at the next '@' (relations never hold one); the user is the
+    rest, '@' and '#relation' included (see common/tuples.py)."""
+    obj, _, rest = step.partition("#")
+    rel, _, user = rest.partition("@")
+    return obj, rel, user
+
+
 def assert_consistent(g: StoreGraph, res: CheckResult, o: str, r: str, u: str) -> None:
     """The result's fields agree with each other and the path is made of stored tuples."""
     assert res.dispatch_count >= 1
@@ -117,8 +130,8 @@ def assert_consistent(g: StoreGraph, res: CheckResult, o: str, r: str, u: str) -
     assert len(res.resolution_path) == res.depth
     expect_node = top
     for i, step in enumerate(res.resolution_path):
-        node, _, user = step.partition("@")
-        obj, _, rel = node.partition("#")
+        obj, rel, user = split_step(step)
+        node = f"{obj}#{rel}"
         assert node == expect_node, res
         assert (obj, rel, user) in g, step
         if i + 1 < len(res.resolution_path):
@@ -126,6 +139,23 @@ def assert_consistent(g: StoreGraph, res: CheckResult, o: str, r: str, u: str) -
             expect_node = user
         else:
             assert user == u
+
+
+def assert_index_exact(g: StoreGraph, current: set[Row]) -> None:
+    """``g`` holds exactly ``current``; its intern table holds exactly the strings those tuples
+    name as node or as userset user, each being the one object the index stores."""
+    assert len(g) == len(current)
+    assert all(t in g for t in current)
+    nodes = Counter(f"{o}#{r}" for o, r, _ in current)
+    assert g._node_tuples == dict(nodes)
+    assert set(g._nodes_by_user) == {u for _, _, u in current}
+    assert set(g._strings) == set(nodes) | {u for _, _, u in current if "#" in u}
+    assert all(k is v for k, v in g._strings.items())
+    for user, held in g._nodes_by_user.items():
+        assert "#" not in user or g._strings[user] is user
+        assert all(g._strings[k] is k for k in held)
+    for key, kids in g._usersets.items():
+        assert g._strings[key] is key and all(g._strings[k] is k for k in kids)
 
 
 # --- the shared conformance suite -------------------------------------------------------------
@@ -241,15 +271,15 @@ def test_matches_oracle_while_tuples_change(seed: int) -> None:
             o, r, u = random_query(rng, nodes, users)
             cap = rng.choice((2, 4, 25))
             assert outcome(g, o, r, u, cap) == oracle(current, o, r, u, cap), (o, r, u, cap)
-        assert len(g) == len(current)
+        assert_index_exact(g, current)
 
 
 @pytest.mark.parametrize(("memo_min", "budget"), [(1, 0), (1, 3), (2, 10_000)])
 def test_matches_oracle_with_other_tuning(monkeypatch: pytest.MonkeyPatch, memo_min: int,
                                           budget: int) -> None:
     """Memoise every walk and starve or feed the backward search: answers must not change."""
-    monkeypatch.setattr(graph_module, "_MEMO_MIN_NODES", memo_min)
-    monkeypatch.setattr(graph_module, "_BACK_BUDGET", budget)
+    monkeypatch.setattr(search_module, "_MEMO_MIN_NODES", memo_min)
+    monkeypatch.setattr(search_module, "_BACK_BUDGET", budget)
     for seed in range(25):
         test_matches_oracle_with_small_caps(seed)
         test_matches_oracle_while_tuples_change(seed)
@@ -501,25 +531,113 @@ def test_memo_follows_changes() -> None:
     assert run(g, "doc:1", "viewer", "user:b").allowed is False
 
 
-def test_strings_are_shared_and_released() -> None:
-    def fresh(s: str) -> str:
-        return "".join(list(s))  # a new object, not a code constant
+def fresh(s: str) -> str:
+    return "".join(list(s))  # a new object, not a code constant
 
+
+def test_strings_are_shared_and_released() -> None:
     g = StoreGraph()
     rows = [(fresh("doc:1"), fresh("viewer"), fresh("group:x#member")),
             (fresh("group:x"), fresh("member"), fresh("user:a")),
-            (fresh("doc:2"), fresh("viewer"), fresh("user:a"))]
+            (fresh("doc:2"), fresh("viewer"), fresh("user:a")),
+            (fresh("doc:2"), fresh("viewer"), fresh("user:b"))]
     g.load(rows)
     keys = {k: k for k in g._strings}
-    assert set(keys) == {"doc:1#viewer", "group:x#member", "user:a", "doc:2#viewer"}
-    # The userset user and the node it names are one object.
+    # Node keys and userset users only: a plain user is stored once anyway, as a key.
+    assert set(keys) == {"doc:1#viewer", "group:x#member", "doc:2#viewer"}
+    # The userset user and the node it names are one object; so is a node across its tuples.
     kid = g._usersets["doc:1#viewer"][0]
     assert kid is keys["group:x#member"]
-    del rows, keys, kid
-    for o, r, u in [("doc:1", "viewer", "group:x#member"), ("group:x", "member", "user:a"),
-                    ("doc:2", "viewer", "user:a")]:
-        assert g.remove(fresh(o), fresh(r), fresh(u))
-    assert (len(g), g._strings, g._nodes_by_user, g._usersets) == (0, {}, {}, {})
+    held_a, held_b = g._nodes_by_user["user:a"], g._nodes_by_user["user:b"]
+    assert next(iter(held_b)) is keys["doc:2#viewer"] and keys["doc:2#viewer"] in held_a
+    assert next(k for k in held_a if k == "doc:2#viewer") is keys["doc:2#viewer"]
+    assert_index_exact(g, set(rows))
+    # Every string is still referenced from here (rows, keys, kid): what is dropped is decided
+    # by the index's own bookkeeping, not by who else holds a reference.
+    assert g.remove(fresh("doc:2"), fresh("viewer"), fresh("user:a"))
+    assert set(g._strings) == {"doc:1#viewer", "group:x#member", "doc:2#viewer"}  # user:b left
+    assert g.remove(fresh("doc:2"), fresh("viewer"), fresh("user:b"))
+    assert set(g._strings) == {"doc:1#viewer", "group:x#member"}
+    assert g.remove(fresh("doc:1"), fresh("viewer"), fresh("group:x#member"))
+    assert set(g._strings) == {"group:x#member"}  # still the node of group:x#member@user:a
+    assert g.remove(fresh("group:x"), fresh("member"), fresh("user:a"))
+    assert (len(g), g._strings, g._node_tuples, g._nodes_by_user, g._usersets) == (
+        0, {}, {}, {}, {})
+    assert len(rows) == 4 and kid in keys  # (kept alive on purpose until here)
+
+
+def test_remove_keeps_strings_in_use() -> None:
+    """A string goes when its last tuple goes, in whichever role it was used; until then every
+    tuple stays removable and checkable."""
+    g = StoreGraph()
+    loop = ("group:x", "member", "group:x#member")  # node and user are the same string
+    rows = [loop, ("doc:1", "viewer", "group:x#member"), ("group:x", "member", "user:a")]
+    current = set(rows)
+    g.load(rows)
+    for t in (loop, ("group:x", "member", "user:a"), ("doc:1", "viewer", "group:x#member")):
+        assert g.remove(*t) is True
+        current.discard(t)
+        assert_index_exact(g, current)
+        assert g.remove(*t) is False
+    assert g._strings == {}
+    for t in rows:  # and back, in another order
+        assert g.add(*t) is True
+    assert_index_exact(g, set(rows))
+    assert run(g, "doc:1", "viewer", "user:a").depth == 2
+
+
+def test_load_is_add_per_row() -> None:
+    rng = random.Random(7)
+    rows = random_rows(rng, 30, 8, 400, 0.5)
+    rows += rows[:50]  # duplicates are skipped
+    loaded, added = StoreGraph(), StoreGraph()
+    loaded.load(rows)
+    for t in rows:
+        added.add(*t)
+    for g in (loaded, added):
+        assert_index_exact(g, set(rows))
+    assert loaded._nodes_by_user == added._nodes_by_user
+    assert loaded._usersets == added._usersets
+
+
+# --- the package -------------------------------------------------------------------------------
+
+
+def test_public_names_unchanged() -> None:
+    from engine import graph
+
+    assert graph.check is check and graph.StoreGraph is StoreGraph
+    assert graph.CheckResult is CheckResult and graph.ResolutionTooComplex is ResolutionTooComplex
+    assert graph.DEFAULT_MAX_DEPTH == 25
+    assert set(graph.__all__) >= {"CheckResult", "ResolutionTooComplex", "StoreGraph", "check"}
+
+
+def test_graph_package_does_no_io() -> None:
+    """STYLE.md: the algorithm imports neither aiohttp, nor asyncpg, nor redis."""
+    code = ("import sys, engine.graph; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'asyncpg', "
+            "'redis', 'socket', 'asyncio'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "[]", out
+
+
+def test_at_sign_in_object_and_user_ids() -> None:
+    """'@' may appear in ids (e-mail addresses); resolution path steps still split cleanly."""
+    rows = [("doc:report@2024", "viewer", "group:ops@acme#member"),
+            ("group:ops@acme", "member", "user:anne@example.com"),
+            ("doc:report@2024", "owner", "user:bob@example.com")]
+    for t in rows:
+        validate_tuple(*t)
+    g = graph_of(rows)
+    res = run(g, "doc:report@2024", "viewer", "user:anne@example.com")
+    assert res.resolution_path == ("doc:report@2024#viewer@group:ops@acme#member",
+                                   "group:ops@acme#member@user:anne@example.com")
+    assert [split_step(step) for step in res.resolution_path] == [rows[0], rows[1]]
+    assert_consistent(g, res, "doc:report@2024", "viewer", "user:anne@example.com")
+    res = run(g, "doc:report@2024", "owner", "user:bob@example.com")
+    assert split_step(res.resolution_path[0]) == rows[2]
+    assert run(g, "doc:report@2024", "viewer", "user:anne").allowed is False
 
 
 # --- tuple validation -------------------------------------------------------------------------
@@ -600,3 +718,30 @@ def test_validate_tuple_names_the_bad_part() -> None:
         assert info.value.field == field
         assert isinstance(info.value, ValueError)
         assert str(info.value).startswith(field + ": ")
+
+
+def _accepted(validate: Any, value: Any) -> bool:
+    try:
+        validate(value)
+    except TupleFormatError:
+        return False
+    return True
+
+
+def test_is_valid_tuple_is_the_validators_rule() -> None:
+    objects = [*GOOD_OBJECTS, *(v for v, _ in BAD_OBJECTS)]
+    relations = [*GOOD_RELATIONS, *(v for v, _ in BAD_RELATIONS)]
+    users = [*GOOD_USERS, *GOOD_OBJECTS, *(v for v, _ in BAD_USERS), *(v for v, _ in BAD_OBJECTS),
+             "x" * 64 + ":" + "y" * 256 + "#" + "r" * 64, "x" * 64 + ":" + "y" * 255 + "#" + "r" * 64]
+    for o in objects:
+        for r in relations[::3]:
+            for u in users[::5]:
+                want = _accepted(lambda t: validate_tuple(*t), (o, r, u))
+                assert is_valid_tuple(o, r, u) is want, (o, r, u)
+    for o in objects:
+        assert is_valid_tuple(o, "viewer", "user:1") is _accepted(validate_object, o), o
+    for r in relations:
+        assert is_valid_tuple("doc:1", r, "user:1") is _accepted(validate_relation, r), r
+    for u in users:
+        assert is_valid_tuple("doc:1", "viewer", u) is _accepted(validate_user, u), u
+

@@ -1,0 +1,217 @@
+"""The tuple index of one store: :class:`StoreGraph` (storage, add, remove, load, walk memo).
+
+No I/O, standard library only. Not thread-safe: mutate and query it from one thread (the
+engine's event loop).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+from typing import Final
+
+__all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph"]
+
+_SMALL: Final = 8
+"""Up to this many entries a container is a tuple; above, a set (nodes) or a list (usersets)."""
+
+_MEMO_MIN_ROOM: Final = 1 << 16
+"""Memo room in set slots (~30-40 bytes each): this much, or one per tuple if more."""
+
+_MEMO_ENTRY_COST: Final = 8
+"""What one memo entry costs beside its nodes (dict entry, frozenset and tuple headers)."""
+
+EMPTY: Final[tuple[str, ...]] = ()
+"""The empty container (a node nobody holds, a node without usersets)."""
+
+Nodes = tuple[str, ...] | set[str]
+Kids = tuple[str, ...] | list[str]
+
+
+class StoreGraph:
+    """Tuples of one store, indexed for :func:`engine.graph.check`.
+
+    Layout (memory is the budget; every node key is stored once):
+
+    * ``_nodes_by_user``: user (plain ``"type:id"`` or userset ``"type:id#rel"``) -> the
+      nodes ``"object#relation"`` that hold it directly; a tuple of up to ``_SMALL`` node
+      keys, a set above. One entry per tuple in total.
+    * ``_usersets``: node -> its userset users (``"U#S"``, which are child node keys), a
+      tuple of up to ``_SMALL``, a list above; absent when the node has none. One entry per
+      userset tuple.
+    * ``_strings``: intern table of node keys, so a node key repeated across tuples, and a
+      userset user and the node it names, share one string object. It holds exactly the
+      strings some tuple names as its node or as its (userset) user; plain users need no
+      entry, since ``_nodes_by_user`` is the only place that keeps them.
+    * ``_node_tuples``: node -> number of tuples at it. With ``_nodes_by_user`` (the tuples
+      naming a string as their user) this is the bookkeeping that drops a string from
+      ``_strings`` when its last tuple goes; lookups never depend on ``_strings``.
+    * ``_memo``: node -> (every node its full forward walk reaches, depth of the deepest
+      one), for walks that ended without a proof (:mod:`engine.graph.search` decides which).
+      It answers later denials from that node with one ``isdisjoint``. Emptied whenever a
+      userset tuple is added or removed (plain-user tuples cannot change a walk), and when
+      it outgrows ``max(_MEMO_MIN_ROOM, len(self))`` set slots, so it costs at most about
+      as much again as a ``_nodes_by_user`` entry per tuple.
+
+    A userset string ``"U#S"`` is both a user and the node key of ``(U, S)``, so
+    ``_nodes_by_user["U#S"]`` lists the parents of node ``U#S``: the reverse edges come free.
+
+    Not thread-safe; see the module docstring.
+    """
+
+    __slots__ = ("_count", "_memo", "_memo_room", "_node_tuples", "_nodes_by_user", "_strings",
+                 "_usersets")
+
+    def __init__(self) -> None:
+        """Create an empty graph."""
+        self._nodes_by_user: dict[str, Nodes] = {}
+        self._usersets: dict[str, Kids] = {}
+        self._strings: dict[str, str] = {}
+        self._node_tuples: dict[str, int] = {}
+        self._memo: dict[str, tuple[frozenset[str], int]] = {}
+        self._memo_room = _MEMO_MIN_ROOM
+        self._count = 0
+
+    def __len__(self) -> int:
+        """Number of distinct tuples held."""
+        return self._count
+
+    def __repr__(self) -> str:
+        return f"<StoreGraph tuples={self._count} users={len(self._nodes_by_user)}>"
+
+    def __contains__(self, item: object) -> bool:
+        """``(object, relation, user) in graph``: whether that exact tuple is held."""
+        if not isinstance(item, tuple) or len(item) != 3:
+            return False
+        obj, rel, user = item
+        if not (isinstance(obj, str) and isinstance(rel, str) and isinstance(user, str)):
+            return False
+        return obj + "#" + rel in self._nodes_by_user.get(user, EMPTY)
+
+    def add(self, object: str, relation: str, user: str) -> bool:
+        """Add the tuple ``(object, relation, user)``; return True if it was absent.
+
+        Inputs are trusted to be valid (see :mod:`common.tuples`); nothing is raised.
+        """
+        return self._insert(((object, relation, user),)) == 1
+
+    def load(self, rows: Iterable[tuple[str, str, str]]) -> None:
+        """Add many ``(object, relation, user)`` rows; duplicates (and present tuples) are skipped.
+
+        Same effect as calling :meth:`add` for each row (the same insertion code runs); meant
+        for loading a store's tuples at start-up. The cyclic garbage collector is paused
+        meanwhile (its passes over the growing index would cost about a third of the time; the
+        index holds no reference cycles) and restored to its previous state afterwards. Rows
+        added before an exception in ``rows`` stay added.
+        """
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            self._insert(rows)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _insert(self, rows: Iterable[tuple[str, str, str]]) -> int:
+        """Add ``rows``; return how many were absent. The one insertion routine, for :meth:`add`
+        (one row) and :meth:`load` alike: a loop over local names, so a big load pays no call
+        per row."""
+        intern = self._strings.setdefault
+        by_user = self._nodes_by_user
+        by_user_get = by_user.get
+        node_tuples = self._node_tuples
+        node_tuples_get = node_tuples.get
+        usersets = self._usersets
+        usersets_get = usersets.get
+        memo = self._memo
+        small = _SMALL
+        added = 0
+        try:
+            for obj, rel, user in rows:
+                key = obj + "#" + rel
+                key = intern(key, key)
+                is_userset = "#" in user
+                if is_userset:
+                    user = intern(user, user)
+                cur = by_user_get(user)
+                if cur is None:
+                    by_user[user] = (key,)
+                elif key in cur:
+                    continue
+                elif type(cur) is tuple:
+                    by_user[user] = (*cur, key) if len(cur) < small else {*cur, key}
+                else:
+                    cur.add(key)  # type: ignore[union-attr]
+                node_tuples[key] = node_tuples_get(key, 0) + 1
+                if is_userset:
+                    if memo:  # a new userset edge can change any walk
+                        self._forget_walks()
+                    kids = usersets_get(key)
+                    if kids is None:
+                        usersets[key] = (user,)
+                    elif type(kids) is tuple:
+                        usersets[key] = (*kids, user) if len(kids) < small else [*kids, user]
+                    else:
+                        kids.append(user)  # type: ignore[union-attr]
+                added += 1
+        finally:
+            self._count += added
+        return added
+
+    def remove(self, object: str, relation: str, user: str) -> bool:
+        """Remove the tuple ``(object, relation, user)``; return True if it was present."""
+        key = object + "#" + relation
+        by_user = self._nodes_by_user
+        cur = by_user.get(user)
+        if cur is None or key not in cur:
+            return False
+        if len(cur) == 1:
+            del by_user[user]
+        elif type(cur) is tuple:
+            by_user[user] = tuple([k for k in cur if k != key])
+        else:
+            cur.remove(key)  # type: ignore[union-attr]
+            if len(cur) <= _SMALL // 2:
+                by_user[user] = tuple(cur)
+        if "#" in user:
+            if self._memo:
+                self._forget_walks()
+            usersets = self._usersets
+            kids = usersets[key]
+            if len(kids) == 1:
+                del usersets[key]
+            elif type(kids) is tuple:
+                usersets[key] = tuple([k for k in kids if k != user])
+            else:
+                kids.remove(user)  # type: ignore[union-attr]
+                if len(kids) <= _SMALL // 2:
+                    usersets[key] = tuple(kids)
+            self._release(user)
+        node_tuples = self._node_tuples
+        left = node_tuples[key] - 1
+        if left:
+            node_tuples[key] = left
+        else:
+            del node_tuples[key]
+            self._release(key)
+        self._count -= 1
+        return True
+
+    def _release(self, string: str) -> None:
+        """Drop ``string`` from the intern table once no tuple names it as node or user."""
+        if string not in self._node_tuples and string not in self._nodes_by_user:
+            self._strings.pop(string, None)
+
+    def _forget_walks(self) -> None:
+        """Drop the memo (a userset tuple changed, or the memo is full)."""
+        self._memo.clear()
+        self._memo_room = max(_MEMO_MIN_ROOM, self._count)
+
+    def _remember_walk(self, key: str, seen: set[str], deepest: int) -> None:
+        """Memoise a finished forward walk from ``key`` that found no proof."""
+        cost = len(seen) + _MEMO_ENTRY_COST
+        self._memo_room -= cost
+        if self._memo_room < 0:
+            self._forget_walks()
+            self._memo_room -= cost
+        self._memo[self._strings.get(key, key)] = (frozenset(seen), deepest)
