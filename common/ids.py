@@ -16,7 +16,7 @@ PREFIXES: Final = frozenset(
     {"ten", "proj", "key", "user", "org", "mem", "inv", "sess", "store", "dsr", "evt", "whep",
      "strm", "rd", "chal", "req"}
 )
-_ID_RE: Final = re.compile(r"^([a-z]+)_([0-9a-hjkmnp-tv-z]{26})$")
+_ID_RE: Final = re.compile(r"([a-z]+)_([0-9a-hjkmnp-tv-z]{26})")
 
 
 _CROCKFORD: Final = "0123456789abcdefghjkmnpqrstvwxyz"
@@ -45,5 +45,5 @@ def new_id(prefix: str) -> str:
 
 def is_id(value: str, prefix: str) -> bool:
     """True when ``value`` is a well-formed id carrying ``prefix``."""
-    m = _ID_RE.match(value)
+    m = _ID_RE.fullmatch(value)
     return m is not None and m.group(1) == prefix

@@ -11,6 +11,7 @@ from typing import Any, Final
 import asyncpg
 from aiohttp import web
 
+from common import changes
 from common.appkeys import PG_POOL
 from common.errors import StoreNotFound
 from common.http import DisplayName, RequestModel, json_response, parse_body
@@ -18,7 +19,6 @@ from common.ids import new_id
 from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 
-NOTIFY_CHANNEL: Final = "authio_tuple_changes"  # payload "<store_id>:<revision>"
 _COLUMNS: Final = "id, name, revision, created_at, updated_at"
 READ_SCOPES: Final = ("authz:write", "authz:check")
 
@@ -35,7 +35,7 @@ async def create_store(conn: asyncpg.Connection, project_id: str, name: str) -> 
             new_id("store"), project_id, name,
         )
         assert row is not None
-        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"{row['id']}:0")
+        await conn.execute("SELECT pg_notify($1, $2)", changes.CHANNEL, changes.payload(row["id"], 0))
     return dict(row)
 
 

@@ -16,13 +16,14 @@ import asyncpg
 from aiohttp import web
 from pydantic import AfterValidator, Field, model_validator
 
+from common import changes
 from common.appkeys import PG_POOL
 from common.errors import InvalidRequest, StoreNotFound
 from common.http import RequestModel, json_response, parse_body
 from common.tuples import TupleFormatError, validate_object, validate_relation, validate_user
 from control_plane.pagination import page_body, parse_page
 from control_plane.principal import authenticate
-from control_plane.stores import NOTIFY_CHANNEL, READ_SCOPES, get_store
+from control_plane.stores import READ_SCOPES, get_store
 
 MAX_TUPLES_PER_WRITE: Final = 1000
 
@@ -99,20 +100,20 @@ async def write_tuples(
         ) if body.writes else []
         if not deleted and not written:
             return {"written": 0, "deleted": 0, "revision": current}
-        changes = [("delete", r) for r in deleted] + [("write", r) for r in written]
+        applied = [("delete", r) for r in deleted] + [("write", r) for r in written]
         await conn.execute(
             """INSERT INTO tuple_changes (store_id, revision, seq, operation, object, relation,
                                           subject)
                SELECT $1, $2, c.seq, c.operation, c.object, c.relation, c.subject
                FROM unnest($3::text[], $4::text[], $5::text[], $6::text[])
                     WITH ORDINALITY AS c(operation, object, relation, subject, seq)""",
-            store_id, revision, [op for op, _ in changes], [r["object"] for _, r in changes],
-            [r["relation"] for _, r in changes], [r["subject"] for _, r in changes],
+            store_id, revision, [op for op, _ in applied], [r["object"] for _, r in applied],
+            [r["relation"] for _, r in applied], [r["subject"] for _, r in applied],
         )
         await conn.execute(
             "UPDATE stores SET revision = $2, updated_at = now() WHERE id = $1", store_id, revision
         )
-        await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, f"{store_id}:{revision}")
+        await conn.execute("SELECT pg_notify($1, $2)", changes.CHANNEL, changes.payload(store_id, revision))
     return {"written": len(written), "deleted": len(deleted), "revision": revision}
 
 
