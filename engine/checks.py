@@ -12,7 +12,11 @@ Request (check)::
 Answer (200)::
 
     {"allowed": true, "resolution": "direct" | "userset" | "none",
-     "resolution_path": ["doc:1#viewer@user:7"], "revision": 12, "request_id": "req_..."}
+     "resolution_path": ["doc:1#viewer@user:7"], "revision": 12,
+     "dispatch_count": 1, "depth": 1, "request_id": "req_..."}
+
+``dispatch_count`` is the number of ``object#relation`` nodes the check visited (the work it
+took; SpiceDB's ``dispatch_count``), ``depth`` the number of nodes on the proof (0 when denied).
 
 Batch: ``{"checks": [<check request>, ...], "consistency"?}`` with 1..1000 items, answered in order
 in ``{"results": [...], "revision", "request_id"}``; each result is an answer as above (without
@@ -228,7 +232,8 @@ def _answer(store: LoadedStore, parsed: Parsed, max_depth: int) -> dict[str, Any
     result = graph.check(store.graph, object=parsed[0], relation=parsed[1], user=parsed[2],
                          max_depth=max_depth)
     return {"allowed": result.allowed, "resolution": result.resolution,
-            "resolution_path": result.resolution_path, "revision": store.revision}
+            "resolution_path": result.resolution_path, "revision": store.revision,
+            "dispatch_count": result.dispatch_count, "depth": result.depth}
 
 
 def _respond(request: web.Request, body: dict[str, Any]) -> web.Response:

@@ -122,6 +122,7 @@ async def test_direct_tuple_is_allowed_with_its_path(project: Project) -> None:
     assert r.body["allowed"] is True
     assert r.body["resolution"] == "direct"
     assert r.body["resolution_path"] == ["doc:1#viewer@user:a"]
+    assert (r.body["depth"], r.body["dispatch_count"]) == (1, 1)
     assert r.body["revision"] >= rev
     assert r.body["request_id"] == r.headers["X-Request-Id"]
     assert r.headers["Content-Type"].startswith("application/json")
@@ -139,7 +140,8 @@ async def test_no_matching_tuple_is_denied(project: Project, spec: str) -> None:
     r = await check(project.api, store, spec, rev)
     assert r.status == 200, r.body
     assert r.body == {"allowed": False, "resolution": "none", "resolution_path": [],
-                      "revision": r.body["revision"], "request_id": r.body["request_id"]}
+                      "revision": r.body["revision"], "request_id": r.body["request_id"],
+                      "dispatch_count": 1, "depth": 0}
 
 
 async def test_userset_path_is_in_order(project: Project) -> None:
@@ -154,7 +156,10 @@ async def test_userset_path_is_in_order(project: Project) -> None:
     assert r.body["allowed"] is True
     assert r.body["resolution"] == "userset"
     assert r.body["resolution_path"] == ["doc:1#viewer@group:eng#member", "group:eng#member@user:a"]
-    assert await allowed(project.api, store, "doc:1#viewer@user:c", rev) is False
+    assert r.body["depth"] == 2 and r.body["dispatch_count"] >= 2
+    denied = await check(project.api, store, "doc:1#viewer@user:c", rev)
+    assert (denied.body["allowed"], denied.body["depth"]) == (False, 0)
+    assert denied.body["dispatch_count"] >= 1
 
 
 async def test_nested_usersets_resolve_at_depth(project: Project) -> None:

@@ -508,7 +508,8 @@ async def test_http_batch_check(pool: asyncpg.Pool, engine_api: EngineApi) -> No
     r = body["results"]
     assert body["revision"] == 1 and len(r) == len(checks)
     assert r[0] == {"allowed": True, "resolution": "direct",
-                    "resolution_path": ["doc:1#viewer@user:ann"], "revision": 1}
+                    "resolution_path": ["doc:1#viewer@user:ann"], "revision": 1,
+                    "dispatch_count": 1, "depth": 1}
     assert r[1]["error"]["code"] == "invalid_request"
     assert r[1]["error"]["details"]["fields"][0]["field"] == "tuple_key.user"
     assert r[2]["error"]["details"]["fields"][0]["field"] == "checks[2]"
