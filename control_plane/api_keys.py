@@ -19,6 +19,7 @@ from common.errors import InsufficientScope, NotFound
 from common.http import DisplayName, RequestModel, json_response, parse_body
 from common.ids import new_id
 from control_plane import audit
+from control_plane.appkeys import CURSOR_SECRET
 from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 
@@ -141,7 +142,8 @@ async def post_key(request: web.Request) -> web.Response:
 async def list_keys(request: web.Request) -> web.Response:
     principal = await authenticate(request, "keys:write")
     body = await project_page_by_id(request.app[PG_POOL], request.query, table="api_keys",
-                                    columns=_COLUMNS, project_id=principal.project_id)
+                                    columns=_COLUMNS, project_id=principal.project_id,
+                                    secret=request.app[CURSOR_SECRET])
     return json_response(request, body)
 
 

@@ -12,13 +12,16 @@ from aiohttp import web
 from common.appkeys import PG_POOL, SETTINGS
 from common.runtime import base_app, install_resources
 from common.settings import Settings
-from control_plane import api_keys, bootstrap, projects, stores, tuples
+from control_plane import api_keys, audit_events, bootstrap, projects, stores, tuples
+from control_plane.appkeys import CURSOR_SECRET
 from control_plane.audit_partitions import manage_partitions, run_partition_manager
+from control_plane.pagination import load_cursor_secret
 
 
 def setup_control_plane(app: web.Application) -> None:
     """Add the control plane's routes and workers to ``app`` (alone or beside the engine)."""
     install_resources(app)
+    app.cleanup_ctx.append(_cursor_secret)
     app.cleanup_ctx.append(_workers)
     r = app.router
     r.add_post("/v1/bootstrap", bootstrap.post_bootstrap)
@@ -31,6 +34,17 @@ def setup_control_plane(app: web.Application) -> None:
     r.add_get("/v1/stores/{store_id}", stores.show_store)
     r.add_post("/v1/stores/{store_id}/write", tuples.post_write)
     r.add_get("/v1/stores/{store_id}/tuples", tuples.get_tuples)
+    r.add_get("/v1/audit/events", audit_events.get_events)
+    r.add_get("/v1/audit/events.csv", audit_events.get_events_csv, allow_head=False)
+    r.add_get("/v1/audit/events.jsonl", audit_events.get_events_jsonl, allow_head=False)
+    r.add_get("/v1/audit/events/types", audit_events.get_event_types)
+    r.add_get("/v1/audit-events", audit_events.get_legacy_events)
+
+
+async def _cursor_secret(app: web.Application) -> AsyncIterator[None]:
+    """The cursor-signing secret every process shares (``control_plane.pagination``)."""
+    app[CURSOR_SECRET] = await load_cursor_secret(app[PG_POOL])
+    yield
 
 
 async def _workers(app: web.Application) -> AsyncIterator[None]:

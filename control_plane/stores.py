@@ -16,6 +16,7 @@ from common.appkeys import PG_POOL
 from common.errors import StoreNotFound
 from common.http import DisplayName, RequestModel, json_response, parse_body
 from common.ids import new_id
+from control_plane.appkeys import CURSOR_SECRET
 from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 
@@ -61,7 +62,8 @@ async def post_store(request: web.Request) -> web.Response:
 async def list_stores(request: web.Request) -> web.Response:
     principal = await authenticate(request, *READ_SCOPES)
     body = await project_page_by_id(request.app[PG_POOL], request.query, table="stores",
-                                    columns=_COLUMNS, project_id=principal.project_id)
+                                    columns=_COLUMNS, project_id=principal.project_id,
+                                    secret=request.app[CURSOR_SECRET])
     return json_response(request, body)
 
 

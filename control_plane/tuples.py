@@ -21,7 +21,8 @@ from common.appkeys import PG_POOL
 from common.errors import InvalidRequest, StoreNotFound
 from common.http import RequestModel, json_response, parse_body
 from common.tuples import TupleFormatError, validate_object, validate_relation, validate_user
-from control_plane.pagination import page_body, parse_page
+from control_plane.appkeys import CURSOR_SECRET
+from control_plane.pagination import Listing, page_body, parse_page
 from control_plane.principal import authenticate
 from control_plane.stores import READ_SCOPES, get_store
 
@@ -122,11 +123,13 @@ _FILTERS: Final = (("object", "object", validate_object), ("relation", "relation
 
 
 async def list_tuples(
-    pool: asyncpg.Pool, project_id: str, store_id: str, query: Any
+    pool: asyncpg.Pool, project_id: str, store_id: str, query: Any, *, secret: bytes
 ) -> dict[str, Any]:
     """A page of the store's tuples ordered by (object, relation, user), filtered by exact
-    ``object``, ``relation`` and ``user`` when given. Raises StoreNotFound, InvalidRequest."""
-    page = parse_page(query, kind=f"tuples:{store_id}", key_len=3)
+    ``object``, ``relation`` and ``user`` when given; cursors are bound to the store and signed
+    with ``secret``. Raises StoreNotFound, InvalidRequest."""
+    listing = Listing(f"tuples:{store_id}", project_id, secret)
+    page = parse_page(query, listing, key_len=3)
     await get_store(pool, project_id, store_id)
     where: list[str] = ["store_id = $1"]
     args: list[object] = [store_id]
@@ -150,8 +153,7 @@ async def list_tuples(
             LIMIT ${len(args)}::int""",
         *args,
     )
-    return page_body([dict(r) for r in rows], page, kind=f"tuples:{store_id}",
-                     key=["object", "relation", "user"])
+    return page_body([dict(r) for r in rows], page, listing, key=["object", "relation", "user"])
 
 
 async def post_write(request: web.Request) -> web.Response:
@@ -167,5 +169,6 @@ async def post_write(request: web.Request) -> web.Response:
 async def get_tuples(request: web.Request) -> web.Response:
     principal = await authenticate(request, *READ_SCOPES)
     body = await list_tuples(request.app[PG_POOL], principal.project_id,
-                             request.match_info["store_id"], request.query)
+                             request.match_info["store_id"], request.query,
+                             secret=request.app[CURSOR_SECRET])
     return json_response(request, body)

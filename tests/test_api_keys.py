@@ -206,20 +206,40 @@ async def test_bad_limit_or_cursor_is_invalid_request(project: Project, query: s
     assert_error(r, 400, "invalid_request")
 
 
-def _forged(*values: Any) -> str:
+async def _forged(db: asyncpg.Pool, project_id: str, kind: str, *key: Any,
+                  secret: bytes | None = None) -> str:
+    """A cursor in the signed format (``control_plane.pagination``) holding ``kind`` and ``key``,
+    signed with the deployment's real secret unless ``secret`` is given: so the checks behind
+    the signature are exercised too."""
     import base64
+    import hmac
 
-    return base64.urlsafe_b64encode(orjson.dumps(list(values))).decode().rstrip("=")
+    if secret is None:
+        secret = await db.fetchval("SELECT value FROM service_secrets WHERE name = 'cursor_hmac'")
+    payload = orjson.dumps([kind, project_id, *key])
+    mac = hmac.new(secret, b"authio/cursor/v1\x00" + payload, hashlib.sha256).digest()[:16]
+    return ".".join(base64.urlsafe_b64encode(p).decode().rstrip("=") for p in (payload, mac))
 
 
 @pytest.mark.parametrize("values", [("api_keys", 5), ("api_keys", True), ("api_keys", None),
                                     ("api_keys", "a", "b"), ("stores", "key_x"), ("api_keys",),
                                     ("api_keys", ["key_x"])])
-async def test_forged_cursor_is_invalid_request_not_a_crash(project: Project,
+async def test_forged_cursor_is_invalid_request_not_a_crash(project: Project, db: asyncpg.Pool,
                                                             values: tuple[Any, ...]) -> None:
     """A client-edited cursor is the client's mistake (400), never an internal error (500)."""
-    r = await project.api.get("/v1/api-keys?cursor=" + _forged(*values))
+    r = await project.api.get("/v1/api-keys?cursor=" + await _forged(db, project.id, *values))
     assert_error(r, 400, "invalid_request")
+
+
+async def test_cursor_needs_this_deployments_signature(project: Project, db: asyncpg.Pool) -> None:
+    for _ in range(2):
+        await new_key(project.api)
+    genuine = await _forged(db, project.id, "api_keys", project.key_id)
+    assert (await project.api.get("/v1/api-keys?cursor=" + genuine)).status == 200
+    other = await _forged(db, project.id, "api_keys", project.key_id, secret=secrets.token_bytes(32))
+    assert_error(await project.api.get("/v1/api-keys?cursor=" + other), 400, "invalid_request")
+    unsigned = genuine.split(".")[0]
+    assert_error(await project.api.get("/v1/api-keys?cursor=" + unsigned), 400, "invalid_request")
 
 
 async def test_timestamps_are_rfc3339_utc_with_z(project: Project) -> None:
@@ -516,6 +536,6 @@ async def test_non_ascii_digit_limits_are_invalid_request(project: Project, limi
     assert_error(r, 400, "invalid_request")
 
 
-async def test_cursor_carrying_a_nul_is_invalid_request(project: Project) -> None:
-    r = await project.api.get(f"/v1/api-keys?cursor={_forged('api_keys', 'key_' + chr(0))}")
+async def test_cursor_carrying_a_nul_is_invalid_request(project: Project, db: asyncpg.Pool) -> None:
+    r = await project.api.get(f"/v1/api-keys?cursor={await _forged(db, project.id, 'api_keys', 'key_' + chr(0))}")
     assert_error(r, 400, "invalid_request")

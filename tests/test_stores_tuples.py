@@ -97,13 +97,24 @@ async def test_create_list_and_get_stores(project: Project) -> None:
     assert got.body["revision"] == 0
 
 
-async def test_forged_store_cursor_is_invalid_request_not_a_crash(project: Project) -> None:
+async def test_forged_store_cursor_is_invalid_request_not_a_crash(project: Project,
+                                                                   db: asyncpg.Pool) -> None:
     import base64
+    import hashlib
+    import hmac
 
     await new_store(project)
-    for values in (["stores", 7], ["stores", False], ["stores", None]):
-        cursor = base64.urlsafe_b64encode(orjson.dumps(values)).decode().rstrip("=")
-        assert_error(await project.api.get("/v1/stores?cursor=" + cursor), 400, "invalid_request")
+    # Signed with the deployment's real secret (the signed format of control_plane.pagination),
+    # so the checks behind the signature are reached; unsigned, they are refused before.
+    secret = await db.fetchval("SELECT value FROM service_secrets WHERE name = 'cursor_hmac'")
+    for values in (["stores", project.id, 7], ["stores", project.id, False],
+                   ["stores", project.id, None], ["stores", project.id]):
+        payload = orjson.dumps(values)
+        mac = hmac.new(secret, b"authio/cursor/v1\x00" + payload, hashlib.sha256).digest()[:16]
+        signed = ".".join(base64.urlsafe_b64encode(p).decode().rstrip("=") for p in (payload, mac))
+        unsigned = base64.urlsafe_b64encode(payload).decode().rstrip("=")
+        for cursor in (signed, unsigned):
+            assert_error(await project.api.get("/v1/stores?cursor=" + cursor), 400, "invalid_request")
 
 
 async def test_store_listing_paginates(project: Project) -> None:

@@ -1,0 +1,13 @@
+"""Typed application state of the control plane alone (``web.AppKey``; no string keys).
+
+State both services share lives in ``common.appkeys``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+
+# The deployment's cursor-signing secret (``control_plane.pagination``), loaded at start.
+CURSOR_SECRET: Final = web.AppKey("cursor_secret", bytes)
