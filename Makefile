@@ -28,7 +28,7 @@ lock:
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 run: $(VENV)/.installed
-	@$(WITH_SERVICES) sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
+	@OTEL_EXPORTER=$${OTEL_EXPORTER:-none} $(WITH_SERVICES) sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
 
 test: $(VENV)/.installed
 	@$(WITH_SERVICES) $(VENV)/bin/pytest -q $(PYTEST_ARGS)

@@ -3,7 +3,8 @@
 Keys are ``sk_live_``/``sk_test_`` plus 32 random bytes in base62 (DESIGN.md); only their SHA-256
 hex digest is stored. Lookups are cached for ``SERVICE_API_KEY_CACHE_SECONDS`` (default 1 s), and a
 revocation published on Redis drops the entry at once, so a revoked key stops working everywhere
-within a second even if a pub/sub message is lost.
+within a second even if a pub/sub message is lost. A successful authentication tags the current
+(server) span with ``authio.project_id`` and ``authio.api_key_id``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import asyncpg
+from opentelemetry import trace
 from redis.asyncio import Redis
 
 from common.errors import InsufficientScope, InvalidApiKey, MissingApiKey
@@ -70,6 +72,14 @@ class Principal:
             )
 
 
+def _tag_span(principal: Principal) -> None:
+    """Tag the request's server span with the caller (SPEC.md 1.5); a no-op when not traced."""
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.set_attribute("authio.project_id", principal.project_id)
+        span.set_attribute("authio.api_key_id", principal.key_id)
+
+
 _LOOKUP_SQL: Final = """
 SELECT k.id, k.project_id, p.tenant_id, k.scopes, k.prefix
 FROM api_keys k JOIN projects p ON p.id = k.project_id
@@ -113,12 +123,14 @@ class ApiKeyAuthenticator:
         now = time.monotonic()
         entry = self._known.get(digest)
         if entry is not None and entry[0] > now:
+            _tag_span(entry[1])
             return entry[1]
         if self._unknown.get(digest, 0.0) > now:
             raise InvalidApiKey()
         principal = await self._load(digest)
         if principal is None:
             raise InvalidApiKey()
+        _tag_span(principal)
         return principal
 
     async def _load(self, digest: str) -> Principal | None:

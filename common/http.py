@@ -1,7 +1,8 @@
 """The HTTP envelope every endpoint of both services shares.
 
 * ``envelope_middleware``: assigns the request id (an incoming valid ``X-Request-Id`` is reused,
-  else ``req_<ulid>``), sets ``X-Request-Id`` on every response, and is the one translation point
+  else ``req_<ulid>``; also in ``common.logging.CURRENT_REQUEST_ID`` for the request's log lines),
+  sets ``X-Request-Id`` on every response, and is the one translation point
   from exceptions to ``{"error": {"code", "message", "details"}, "request_id"}`` (DESIGN.md).
   Unknown routes, wrong methods and oversized bodies get the same envelope.
 * ``json_response``: orjson body with ``request_id`` added at top level.
@@ -30,6 +31,7 @@ from common.errors import (
     ServiceError,
 )
 from common.ids import new_id
+from common.logging import CURRENT_REQUEST_ID
 
 log = logging.getLogger("authio.http")
 
@@ -217,6 +219,7 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
     incoming = request.headers.get("X-Request-Id")
     rid = incoming if incoming and _INCOMING_ID_RE.match(incoming) else new_id("req")
     request[REQUEST_ID] = rid
+    token = CURRENT_REQUEST_ID.set(rid)  # every log line of this request carries it
     try:
         response = await handler(request)
     except ServiceError as err:
@@ -232,6 +235,8 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
             return error_response(DbUnavailable(), rid)
         log.exception("unhandled error", extra={"request_id": rid})
         return error_response(InternalError(), rid)
+    finally:
+        CURRENT_REQUEST_ID.reset(token)
     if not response.prepared:
         response.headers["X-Request-Id"] = rid
     return response

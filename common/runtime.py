@@ -1,8 +1,9 @@
 """App factory pieces both services share: the base app, shared resources, health routes.
 
-``base_app`` builds an Application with the envelope middleware and settings; ``install_resources``
-opens the PostgreSQL pool, Redis client, API-key authenticator and revocation feed in a
-``cleanup_ctx`` once, whether one service or both live in the app (``authio serve``).
+``base_app`` builds an Application with the tracing (when set up) and envelope middlewares and
+settings; ``install_resources`` opens the PostgreSQL pool, Redis client, API-key authenticator
+and revocation feed in a ``cleanup_ctx`` once, whether one service or both live in the app
+(``authio serve``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ from common.db import create_pool
 from common.errors import NotReady
 from common.http import envelope_middleware, json_response
 from common.settings import Settings
+from common.telemetry import server_middlewares
 
 
 def base_app(settings: Settings) -> web.Application:
-    """An Application with the envelope middleware, settings and the health routes."""
-    app = web.Application(middlewares=[envelope_middleware], client_max_size=settings.max_body_bytes)
+    """An Application with the envelope middleware, settings and the health routes.
+
+    When tracing is set up in this process (``common.telemetry.setup_tracing``), the server-span
+    middleware comes first, so the span covers the envelope's error responses too.
+    """
+    app = web.Application(middlewares=[*server_middlewares(), envelope_middleware],
+                          client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[READINESS] = []
     app[RESOURCES_INSTALLED] = False

@@ -8,12 +8,22 @@ A bad value stops the service at start with a message naming the variable (``Set
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _MIN_BOOTSTRAP_TOKEN = 32  # SPEC.md 5.3 and section 8
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")  # an HTTP token (RFC 9110 5.6.2)
 
 
 class SettingsError(Exception):
@@ -72,6 +82,20 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
         "INFO", validation_alias=_env("SERVICE_LOG_LEVEL")
     )
+    # Telemetry (SPEC.md 1.3): these five variables alone configure tracing (common.telemetry).
+    otel_exporter: Literal["stdout", "otlp", "none"] = Field(
+        "stdout", validation_alias=_env("OTEL_EXPORTER")
+    )
+    otel_exporter_otlp_endpoint: str | None = Field(
+        None, validation_alias=_env("OTEL_EXPORTER_OTLP_ENDPOINT"), validate_default=True
+    )
+    otel_exporter_otlp_headers: SecretStr | None = Field(
+        None, validation_alias=_env("OTEL_EXPORTER_OTLP_HEADERS")
+    )
+    otel_service_name: str | None = Field(None, validation_alias=_env("OTEL_SERVICE_NAME"))
+    otel_sampler_ratio: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] = Field(
+        1.0, validation_alias=_env("OTEL_SAMPLER_RATIO")
+    )
 
     @field_validator("bootstrap_token")
     @classmethod
@@ -84,6 +108,39 @@ class Settings(BaseSettings):
                 "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
             )
         return v
+
+    @field_validator("otel_exporter", mode="before")
+    @classmethod
+    def _exporter_name(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @field_validator("otel_exporter_otlp_endpoint")
+    @classmethod
+    def _otlp_endpoint(cls, v: str | None, info: ValidationInfo) -> str | None:
+        v = v.strip() if v else None
+        if v is None:
+            if info.data.get("otel_exporter") == "otlp":
+                raise ValueError("required when OTEL_EXPORTER=otlp (the collector's base URL, "
+                                 "for example http://127.0.0.1:4318)")
+            return None
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL")
+        return v
+
+    @field_validator("otel_exporter_otlp_headers")
+    @classmethod
+    def _otlp_headers(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None:
+            parse_otlp_headers(v.get_secret_value())  # raises ValueError; never echoes values
+        return v
+
+    @field_validator("otel_service_name")
+    @classmethod
+    def _service_name(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        return v.strip() or None
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -116,9 +173,39 @@ class Settings(BaseSettings):
         return v
 
     @property
+    def otlp_headers(self) -> dict[str, str]:
+        """``OTEL_EXPORTER_OTLP_HEADERS`` parsed (names lowercased, values percent-decoded)."""
+        raw = self.otel_exporter_otlp_headers
+        return parse_otlp_headers(raw.get_secret_value()) if raw is not None else {}
+
+    @property
     def public_base_url(self) -> str:
         """The ``iss`` and link base: ``SERVICE_BASE_URL`` or ``http://localhost:<PORT>``."""
         return (self.base_url or f"http://localhost:{self.port}").rstrip("/")
+
+
+def parse_otlp_headers(raw: str) -> dict[str, str]:
+    """``k=v,k2=v2`` as the OpenTelemetry spec defines ``OTEL_EXPORTER_OTLP_HEADERS``: entries
+    separated by commas, whitespace around names and values ignored, values percent-encoded
+    (``Bearer%20xyz``), empty entries skipped.
+
+    Raises ValueError naming the bad entry by position only: header values are credentials.
+    """
+    headers: dict[str, str] = {}
+    for n, entry in enumerate(raw.split(","), start=1):
+        if not entry.strip():
+            continue
+        name, sep, value = entry.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ValueError(f"entry {n} is not of the form name=value")
+        if not _HEADER_NAME_RE.match(name):
+            raise ValueError(f"entry {n}: the header name is not a valid HTTP header name")
+        decoded = unquote(value.strip())
+        if any(c in decoded for c in "\r\n\x00"):
+            raise ValueError(f"entry {n}: the value holds a line break or NUL")
+        headers[name.lower()] = decoded
+    return headers
 
 
 _FIELD_ENV = {

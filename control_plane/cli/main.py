@@ -4,6 +4,9 @@
     authio serve engine           the engine alone (SERVICE_ENGINE_PORT, default 8081)
     authio serve control-plane    the control plane alone (PORT)
     authio migrate                apply pending schema migrations
+
+Logs are JSON lines on standard error (common.logging); traces follow the OTEL_* variables
+(common.telemetry; spans on standard output by default).
 """
 
 from __future__ import annotations
@@ -14,34 +17,46 @@ import os
 import secrets
 import sys
 
+from common.logging import configure_logging
 from common.settings import Settings, SettingsError, load_settings
+
+# OTEL_SERVICE_NAME overrides these; `authio serve` hosts both apps in one process: "authio".
+SERVICE_NAMES = {"all": "authio", "engine": "authio-engine", "control-plane": "authio-control-plane"}
 
 
 def _serve(settings: Settings, target: str) -> None:
     import uvloop
     from aiohttp import web
 
+    from common.telemetry import setup_tracing, shutdown_tracing
     from control_plane.app import create_control_plane_app, setup_control_plane
     from engine.checks import create_engine_app, setup_engine
 
-    if target == "engine":
-        app, port = create_engine_app(settings), settings.engine_port
-    elif target == "control-plane":
-        app, port = create_control_plane_app(settings), settings.port
-    else:
-        from common.runtime import base_app
+    # Before any app, pool or client session exists: instrumentation patches their classes and
+    # base_app puts the server-span middleware first.
+    provider = setup_tracing(settings, service_name_default=SERVICE_NAMES[target])
+    try:
+        if target == "engine":
+            app, port = create_engine_app(settings), settings.engine_port
+        elif target == "control-plane":
+            app, port = create_control_plane_app(settings), settings.port
+        else:
+            from common.runtime import base_app
 
-        app, port = base_app(settings), settings.port
-        setup_engine(app)
-        setup_control_plane(app)
-    # run_app handles SIGTERM and SIGINT as a graceful shutdown: stop accepting, finish in-flight
-    # requests (up to shutdown_timeout), then run every cleanup context.
-    web.run_app(
-        app, host=settings.host, port=port, loop=uvloop.new_event_loop(), access_log=None,
-        shutdown_timeout=15.0,
-        print=lambda _: print(f"authio {target} listening on http://{settings.host}:{port}",
-                              flush=True),
-    )
+            app, port = base_app(settings), settings.port
+            setup_engine(app)
+            setup_control_plane(app)
+        # run_app handles SIGTERM and SIGINT as a graceful shutdown: stop accepting, finish
+        # in-flight requests (up to shutdown_timeout), then run every cleanup context.
+        web.run_app(
+            app, host=settings.host, port=port, loop=uvloop.new_event_loop(), access_log=None,
+            shutdown_timeout=15.0,
+            print=lambda _: print(f"authio {target} listening on http://{settings.host}:{port}",
+                                  flush=True),
+        )
+    finally:
+        if provider is not None:
+            shutdown_tracing(provider)  # flush the last spans, bounded
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,8 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         settings = load_settings()
     except SettingsError as exc:
         sys.exit(f"authio: {exc}")
-    logging.basicConfig(level=settings.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(settings.log_level)  # JSON lines on stderr, with request and trace ids
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # one line per plugin
     if args.command == "migrate":
         from control_plane.migrate import upgrade
