@@ -24,6 +24,8 @@ ENV_VARS = (
     "PORT", "SERVICE_HOST", "SERVICE_ENGINE_PORT", "DATABASE_URL", "REDIS_URL",
     "SERVICE_BOOTSTRAP_TOKEN", "SERVICE_CHECK_MAX_DEPTH", "SERVICE_PG_POOL_MAX",
     "SERVICE_MAX_BODY_BYTES", "SERVICE_REDIS_PREFIX", "SERVICE_AUDIT_RETENTION_MONTHS",
+    "SERVICE_LOG_LEVEL", "SERVICE_TRUSTED_PROXIES", "OTEL_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_HEADERS", "OTEL_SERVICE_NAME", "OTEL_SAMPLER_RATIO",
 )
 
 
@@ -49,6 +51,18 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         ("REDIS_URL", "http://127.0.0.1:6379"),
         ("SERVICE_PG_POOL_MAX", "0"),
         ("SERVICE_BOOTSTRAP_TOKEN", "too-short-token"),
+        ("SERVICE_LOG_LEVEL", "verbose"),
+        ("SERVICE_TRUSTED_PROXIES", "10.0.0.0/8,not-an-ip"),
+        ("OTEL_EXPORTER", "jaeger"),
+        ("OTEL_SAMPLER_RATIO", "1.5"),
+        ("OTEL_SAMPLER_RATIO", "-0.1"),
+        ("OTEL_SAMPLER_RATIO", "half"),
+        ("OTEL_SAMPLER_RATIO", "nan"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "=value"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "bad name=value"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-a=line%0Abreak"),
     ],
 )
 def test_bad_value_is_rejected_naming_the_variable(
