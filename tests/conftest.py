@@ -12,9 +12,13 @@ import asyncio
 import contextlib
 import os
 import secrets
+import signal
 import socket
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,6 +33,8 @@ from common.settings import Settings, load_settings
 from control_plane.migrate import upgrade
 
 BOOTSTRAP_TOKEN = "test-bootstrap-token-" + "x" * 32
+ROOT = Path(__file__).resolve().parents[1]
+AUTHIO = str(Path(sys.executable).with_name("authio"))
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -269,3 +275,72 @@ def assert_error(r: Response, status: int, code: str) -> None:
     assert isinstance(r.body["error"]["details"], dict)
     assert r.body["request_id"].startswith("req_") or r.body["request_id"]
     assert r.headers["X-Request-Id"] == r.body["request_id"]
+
+
+# --- `authio serve` as a subprocess -----------------------------------------------------------
+
+
+@dataclass
+class ServedProcess:
+    """A running ``authio serve`` with its output collected line by line."""
+
+    proc: asyncio.subprocess.Process
+    api: Api
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    readers: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def logs(self) -> str:
+        return "".join(self.stderr)
+
+
+async def _drain(stream: asyncio.StreamReader, sink: list[str]) -> None:
+    while line := await stream.readline():
+        sink.append(line.decode(errors="replace"))
+
+
+@contextlib.asynccontextmanager
+async def serve_process(http: ClientSession, env: dict[str, str], target: str = "all",
+                        *args: str) -> AsyncIterator[ServedProcess]:
+    """``authio serve <target> <args>`` on a free port, ready (``/readyz``), killed on exit if
+    still up."""
+    port = free_ports(1)[0]
+    port_var = "SERVICE_ENGINE_PORT" if target == "engine" else "PORT"
+    proc = await asyncio.create_subprocess_exec(
+        AUTHIO, "serve", target, *args, cwd=ROOT, env={**env, port_var: str(port)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    served = ServedProcess(proc, Api(http, f"http://127.0.0.1:{port}"))
+    served.readers = [asyncio.create_task(_drain(proc.stdout, served.stdout)),
+                      asyncio.create_task(_drain(proc.stderr, served.stderr))]
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.returncode is not None:
+                await asyncio.gather(*served.readers, return_exceptions=True)
+                pytest.fail(f"authio serve {target} exited {proc.returncode}: "
+                            f"{''.join(served.stdout)}{served.logs()}")
+            with contextlib.suppress(OSError):
+                if (await served.api.get("/readyz")).status == 200:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"authio serve {target} not ready: {served.logs()}")
+            await asyncio.sleep(0.1)
+        yield served
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await asyncio.gather(*served.readers, return_exceptions=True)
+
+
+async def stop_gracefully(served: ServedProcess, within: float = 10.0) -> int:
+    """SIGTERM, then the exit code; fails the test if the process outlives ``within`` seconds."""
+    served.proc.send_signal(signal.SIGTERM)
+    try:
+        code = await asyncio.wait_for(served.proc.wait(), timeout=within)
+    except TimeoutError:
+        pytest.fail(f"authio serve did not stop within {within} s of SIGTERM")
+    await asyncio.gather(*served.readers, return_exceptions=True)
+    return code

@@ -4,22 +4,16 @@ variable (DESIGN.md "config"); the ``authio serve`` process start and graceful s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import re
-import signal
 import socket
-import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from aiohttp import ClientSession, ClientTimeout
 
 from common.settings import SettingsError, load_settings
+from tests.conftest import AUTHIO, ROOT, free_ports, serve_process, stop_gracefully
 
-ROOT = Path(__file__).resolve().parents[1]
-AUTHIO = str(Path(sys.executable).with_name("authio"))
 ENV_VARS = (
     "PORT", "SERVICE_HOST", "SERVICE_ENGINE_PORT", "DATABASE_URL", "REDIS_URL",
     "SERVICE_BOOTSTRAP_TOKEN", "SERVICE_CHECK_MAX_DEPTH", "SERVICE_PG_POOL_MAX",
@@ -128,26 +122,15 @@ def test_overrides_by_field_name_are_validated_too(clean_env: pytest.MonkeyPatch
 # --- the process ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _env(**values: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     env.update(values)
     return env
 
 
-async def _drain(stream: asyncio.StreamReader, sink: list[str]) -> None:
-    while line := await stream.readline():
-        sink.append(line.decode(errors="replace"))
-
-
 async def test_short_bootstrap_token_stops_the_service_at_start(database_url: str,
                                                                 redis_url: str) -> None:
-    port = _free_port()
+    port = free_ports(1)[0]
     proc = await asyncio.create_subprocess_exec(
         AUTHIO, "serve", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         env=_env(SERVICE_BOOTSTRAP_TOKEN="short", PORT=str(port), DATABASE_URL=database_url,
@@ -179,67 +162,12 @@ async def test_bad_port_stops_the_service_at_start() -> None:
     assert "PORT" in err.decode() and "Traceback" not in err.decode(), err
 
 
-class Served:
-    def __init__(self, proc: asyncio.subprocess.Process, base_url: str) -> None:
-        self.proc, self.base_url = proc, base_url
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-        self.readers: list[asyncio.Task[None]] = []
-
-
-@contextlib.asynccontextmanager
-async def serve(env: dict[str, str], *args: str) -> AsyncIterator[Served]:
-    port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        AUTHIO, "serve", *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE, env={**env, "PORT": str(port)},
-    )
-    served = Served(proc, f"http://127.0.0.1:{port}")
-    assert proc.stdout is not None and proc.stderr is not None
-    served.readers = [asyncio.create_task(_drain(proc.stdout, served.stdout)),
-                      asyncio.create_task(_drain(proc.stderr, served.stderr))]
-    try:
-        yield served
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await asyncio.gather(*served.readers, return_exceptions=True)
-
-
-async def _wait_healthy(http: ClientSession, served: Served, within: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        if served.proc.returncode is not None:
-            pytest.fail(f"authio serve exited {served.proc.returncode}: "
-                        f"{''.join(served.stdout)}{''.join(served.stderr)}")
-        with contextlib.suppress(OSError):
-            async with http.get(served.base_url + "/healthz") as r:
-                if r.status == 200:
-                    return
-        if loop.time() > deadline:
-            pytest.fail("authio serve did not answer /healthz: " + "".join(served.stderr))
-        await asyncio.sleep(0.1)
-
-
-async def _stop_gracefully(served: Served, within: float = 10.0) -> int:
-    served.proc.send_signal(signal.SIGTERM)
-    try:
-        code = await asyncio.wait_for(served.proc.wait(), timeout=within)
-    except TimeoutError:
-        pytest.fail(f"authio serve did not stop within {within} s of SIGTERM")
-    await asyncio.gather(*served.readers, return_exceptions=True)
-    return code
-
-
 async def test_generated_bootstrap_token_is_printed_once_works_and_sigterm_exits_cleanly(
     database_url: str, redis_url: str, redis_prefix: str
 ) -> None:
     env = _env(DATABASE_URL=database_url, REDIS_URL=redis_url, SERVICE_REDIS_PREFIX=redis_prefix)
     async with ClientSession(timeout=ClientTimeout(total=20)) as http, \
-            serve(env, "--generate-bootstrap-token") as served:
-        await _wait_healthy(http, served)
+            serve_process(http, env, "all", "--generate-bootstrap-token") as served:
         stdout = "".join(served.stdout)
         found = re.findall(r"SERVICE_BOOTSTRAP_TOKEN[^:\n]*:\s*(\S+)", stdout)
         assert len(found) == 1, stdout
@@ -249,18 +177,18 @@ async def test_generated_bootstrap_token_is_printed_once_works_and_sigterm_exits
         assert token not in "".join(served.stderr), "the token must not go to the logs"
 
         body = {"tenant_name": "gen", "project_name": "gen", "environment": "development"}
-        async with http.post(served.base_url + "/v1/bootstrap", json=body,
+        async with http.post(served.api.base_url + "/v1/bootstrap", json=body,
                              headers={"x-service-bootstrap-token": token + "x"}) as r:
             assert r.status == 401, await r.text()
-        async with http.post(served.base_url + "/v1/bootstrap", json=body,
+        async with http.post(served.api.base_url + "/v1/bootstrap", json=body,
                              headers={"x-service-bootstrap-token": token}) as r:
             assert r.status == 201, await r.text()
             created = await r.json()
-        async with http.get(served.base_url + "/v1/projects/me", headers={
+        async with http.get(served.api.base_url + "/v1/projects/me", headers={
                 "Authorization": f"Bearer {created['api_key']['secret']}"}) as r:
             assert r.status == 200 and (await r.json())["id"] == created["project"]["id"]
 
-        code = await _stop_gracefully(served)
+        code = await stop_gracefully(served)
         assert code == 0, (code, "".join(served.stderr))
         assert "Traceback" not in "".join(served.stderr), "".join(served.stderr)
 
@@ -272,12 +200,11 @@ async def test_configured_token_is_used_and_none_is_generated(
     env = _env(DATABASE_URL=database_url, REDIS_URL=redis_url, SERVICE_REDIS_PREFIX=redis_prefix,
                SERVICE_BOOTSTRAP_TOKEN=configured)
     async with ClientSession(timeout=ClientTimeout(total=20)) as http, \
-            serve(env, "--generate-bootstrap-token") as served:
-        await _wait_healthy(http, served)
+            serve_process(http, env, "all", "--generate-bootstrap-token") as served:
         out = "".join(served.stdout) + "".join(served.stderr)
         assert "shown once" not in out and configured not in out, out
-        async with http.post(served.base_url + "/v1/bootstrap",
+        async with http.post(served.api.base_url + "/v1/bootstrap",
                              json={"tenant_name": "c", "project_name": "c", "environment": "dev"},
                              headers={"x-service-bootstrap-token": configured}) as r:
             assert r.status == 201, await r.text()
-        assert await _stop_gracefully(served) == 0
+        assert await stop_gracefully(served) == 0

@@ -21,13 +21,11 @@ import io
 import logging
 import os
 import secrets
-import signal
 import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -60,10 +58,18 @@ from common.telemetry import (
     server_middlewares,
     setup_tracing,
 )
-from tests.conftest import BOOTSTRAP_TOKEN, Api, Response, bootstrap_project, free_ports
+from tests.conftest import (
+    BOOTSTRAP_TOKEN,
+    ROOT,
+    Api,
+    Response,
+    ServedProcess,
+    bootstrap_project,
+    free_ports,
+    serve_process,
+    stop_gracefully,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-AUTHIO = str(Path(sys.executable).with_name("authio"))
 _KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 _STATUSES = {0: "UNSET", 1: "OK", 2: "ERROR"}
 _STATEMENT_KEYS = ("db.statement", "db.query.text")
@@ -203,23 +209,6 @@ async def receiving() -> AsyncIterator[Receiver]:
 # -- `authio serve` as a subprocess ------------------------------------------------------------
 
 
-@dataclass
-class Served:
-    proc: asyncio.subprocess.Process
-    api: Api
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
-    readers: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def logs(self) -> str:
-        return "".join(self.stderr)
-
-
-async def _drain(stream: asyncio.StreamReader, sink: list[str]) -> None:
-    while line := await stream.readline():
-        sink.append(line.decode(errors="replace"))
-
-
 @pytest.fixture(scope="module")
 def base_env(database_url: str, redis_url: str, redis_prefix: str) -> dict[str, str]:
     """The test database and Redis, the bootstrap token, and no inherited OTEL_* variable."""
@@ -229,49 +218,6 @@ def base_env(database_url: str, redis_url: str, redis_prefix: str) -> dict[str, 
                SERVICE_BOOTSTRAP_TOKEN=BOOTSTRAP_TOKEN, SERVICE_ENGINE_POLL_SECONDS="0.5",
                SERVICE_PG_POOL_MAX="4")
     return env
-
-
-@contextlib.asynccontextmanager
-async def serving(http: ClientSession, env: dict[str, str], target: str = "all") -> AsyncIterator[Served]:
-    """``authio serve <target>`` on a free port, ready (``/readyz``), killed on exit if still up."""
-    port = free_ports(1)[0]
-    port_var = "SERVICE_ENGINE_PORT" if target == "engine" else "PORT"
-    proc = await asyncio.create_subprocess_exec(
-        AUTHIO, "serve", target, cwd=ROOT, env={**env, port_var: str(port)},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    served = Served(proc, Api(http, f"http://127.0.0.1:{port}"))
-    served.readers = [asyncio.create_task(_drain(proc.stdout, served.stdout)),
-                      asyncio.create_task(_drain(proc.stderr, served.stderr))]
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.returncode is not None:
-                await asyncio.gather(*served.readers, return_exceptions=True)
-                pytest.fail(f"authio serve {target} exited {proc.returncode}: {served.logs()}")
-            with contextlib.suppress(OSError):
-                if (await served.api.get("/readyz")).status == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"authio serve {target} not ready: {served.logs()}")
-            await asyncio.sleep(0.1)
-        yield served
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        await asyncio.gather(*served.readers, return_exceptions=True)
-
-
-async def stop_gracefully(served: Served, within: float = 10.0) -> int:
-    served.proc.send_signal(signal.SIGTERM)
-    try:
-        code = await asyncio.wait_for(served.proc.wait(), timeout=within)
-    except TimeoutError:
-        pytest.fail(f"authio serve did not stop within {within} s of SIGTERM")
-    await asyncio.gather(*served.readers, return_exceptions=True)
-    return code
 
 
 def traceparent(*, sampled: bool) -> tuple[str, str, str]:
@@ -496,8 +442,8 @@ async def test_log_line_span_and_client_error_share_request_and_trace_ids(http: 
 @dataclass
 class Pair:
     receiver: Receiver
-    control_plane: Served
-    engine: Served
+    control_plane: ServedProcess
+    engine: ServedProcess
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -507,7 +453,7 @@ async def pair(http: ClientSession, base_env: dict[str, str]) -> AsyncIterator[P
     async with receiving() as receiver:
         env = otlp_env(base_env, receiver.base_url + "/", OTEL_SAMPLER_RATIO="1.0",
                        OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer%20collector-token, x-scope=authio")
-        async with serving(http, env, "control-plane") as cp, serving(http, env, "engine") as engine:
+        async with serve_process(http, env, "control-plane") as cp, serve_process(http, env, "engine") as engine:
             yield Pair(receiver, cp, engine)
 
 
@@ -698,7 +644,7 @@ async def test_ratio_one_follows_the_parent(pair: Pair) -> None:
 
 async def test_ratio_zero_keeps_only_sampled_parents(http: ClientSession, base_env: dict[str, str]) -> None:
     async with receiving() as receiver, \
-            serving(http, otlp_env(base_env, receiver.base_url, OTEL_SAMPLER_RATIO="0.0")) as served:
+            serve_process(http, otlp_env(base_env, receiver.base_url, OTEL_SAMPLER_RATIO="0.0")) as served:
         project = await bootstrap_project(served.api, "telemetry-ratio-0")
         fresh = await project.api.post("/v1/api-keys", {"prefix": "sk_live_", "name": "f", "scopes": []})
         assert fresh.status == 201
@@ -739,7 +685,7 @@ def _status_of(span: dict[str, Any]) -> Any:
 async def test_stdout_exporter_prints_one_json_line_per_span(http: ClientSession,
                                                              base_env: dict[str, str]) -> None:
     env = {**base_env, "OTEL_EXPORTER": "stdout", "OTEL_SERVICE_NAME": "authio-stdout-test"}
-    async with serving(http, env) as served:
+    async with serve_process(http, env) as served:
         project = await bootstrap_project(served.api, "telemetry-stdout")
         me = await project.api.get("/v1/projects/me")
         unknown = await served.api.get("/v1/nothing-here")
@@ -815,7 +761,7 @@ async def test_unavailable_collector_never_slows_or_fails_a_request(
     http: ClientSession, base_env: dict[str, str], collector: Callable[[], Any]
 ) -> None:
     async with collector() as (url, connections), \
-            serving(http, otlp_env(base_env, url, OTEL_SAMPLER_RATIO="1.0")) as served:
+            serve_process(http, otlp_env(base_env, url, OTEL_SAMPLER_RATIO="1.0")) as served:
         project = await bootstrap_project(served.api, "telemetry-down")
         for _ in range(20):  # spans to export; then let an export start and stall or fail
             await project.api.get("/v1/projects/me")
