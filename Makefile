@@ -28,7 +28,9 @@ lock:
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 run: $(VENV)/.installed
-	@OTEL_EXPORTER=$${OTEL_EXPORTER:-none} $(WITH_SERVICES) sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
+	@mkdir -p .run && { [ -n "$$SERVICE_KMS_KEY$$SERVICE_KMS_KEY_FILE" ] || $(VENV)/bin/authio kms-key --file .run/kms.key >/dev/null; }
+	@OTEL_EXPORTER=$${OTEL_EXPORTER:-none} SERVICE_KMS_KEY_FILE=$${SERVICE_KMS_KEY_FILE:-$$([ -n "$$SERVICE_KMS_KEY" ] || echo .run/kms.key)} \
+	  $(WITH_SERVICES) sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
 
 test: $(VENV)/.installed
 	@$(WITH_SERVICES) $(VENV)/bin/pytest -q $(PYTEST_ARGS)

@@ -129,3 +129,123 @@ class NotReady(ServiceError):
     """The service is still starting (stores loading, log not followed yet)."""
 
     code, status, default_message = "not_ready", 503, "The service is not ready yet."
+
+
+# --- Identity (SPEC.md 7; codes the spec leaves open are ours, named for what went wrong) ------
+
+
+class ProjectNotFound(ServiceError):
+    """A public endpoint named a project (``project_id``, ``Service-Project`` or the host) that
+    does not exist."""
+
+    code, status, default_message = "project_not_found", 404, "No such project."
+
+
+class UserNotFound(ServiceError):
+    code, status, default_message = "user_not_found", 404, "No user with that id in this project."
+
+
+class OrganizationNotFound(ServiceError):
+    code, status, default_message = (
+        "organization_not_found", 404, "No organization with that id in this project.")
+
+
+class MembershipNotFound(ServiceError):
+    code, status, default_message = (
+        "membership_not_found", 404, "No such membership in this organization.")
+
+
+class InvitationNotFound(ServiceError):
+    code, status, default_message = (
+        "invitation_not_found", 404, "No such invitation in this organization.")
+
+
+class InvalidEmail(ServiceError):
+    """The email failed validation (SPEC.md 7: magic-link send, invitations, users)."""
+
+    code, status, default_message = "invalid_email", 422, "The email address is not valid."
+
+
+class InvalidDestination(ServiceError):
+    """The destination is neither an email nor an E.164 phone number (SPEC.md 7)."""
+
+    code, status, default_message = (
+        "invalid_destination", 400,
+        "The destination must be an email address or an E.164 phone number such as +14155550100.")
+
+
+class InvalidSlug(ServiceError):
+    code, status, default_message = (
+        "invalid_slug", 422, "The slug must be lowercase letters, digits and single hyphens.")
+
+
+class SlugInUse(ServiceError):
+    code, status, default_message = (
+        "slug_in_use", 409, "Another organization in this project has that slug.")
+
+
+class EmailInUse(ServiceError):
+    code, status, default_message = (
+        "email_in_use", 409, "Another user in this project has that email address.")
+
+
+class PhoneInUse(ServiceError):
+    code, status, default_message = (
+        "phone_in_use", 409, "Another user in this project has that phone number.")
+
+
+class AlreadyAMember(ServiceError):
+    code, status, default_message = (
+        "already_a_member", 409, "The user is already a member of this organization.")
+
+
+class InvitationPending(ServiceError):
+    code, status, default_message = (
+        "invitation_pending", 409, "A pending invitation for that email already exists.")
+
+
+class InvitationNotPending(ServiceError):
+    code, status, default_message = (
+        "invitation_not_pending", 409, "The invitation was already accepted, revoked or expired.")
+
+
+class NotAMember(ServiceError):
+    """SPEC.md 3: select-org and switch-org need an active membership in the organization."""
+
+    code, status, default_message = (
+        "not_a_member", 403, "The user has no active membership in that organization.")
+
+
+class NoSession(ServiceError):
+    """SPEC.md 3 and 7: no active session cookie or Bearer access token (or refresh token)."""
+
+    code, status, default_message = "no_session", 401, "No active session."
+
+
+class OrgAlreadySelected(ServiceError):
+    """SPEC.md 3: select-org happens once per session; switch-org changes the organization."""
+
+    code, status, default_message = (
+        "org_already_selected", 409,
+        "This session already has an organization selected; use POST /v1/sessions/switch-org.")
+
+
+class NoOrgSelected(ServiceError):
+    code, status, default_message = (
+        "no_org_selected", 409,
+        "This session has no organization selected yet; use POST /v1/sessions/select-org.")
+
+
+class TokenConsumed(ServiceError):
+    """A single-use token was already used (SPEC.md 7)."""
+
+    code, status, default_message = "token_consumed", 410, "This link was already used."
+
+
+class TokenExpired(ServiceError):
+    code, status, default_message = "token_expired", 410, "This link has expired."
+
+
+class TokenInvalidOrExpired(ServiceError):
+    code, status, default_message = (
+        "token_invalid_or_expired", 410, "This link is not valid or has expired.")

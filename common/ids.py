@@ -1,7 +1,8 @@
 """Resource ids: a type prefix plus a 26-character ULID in lowercase Crockford base32.
 
 DESIGN.md "Conventions": ``ten_``, ``proj_``, ``key_``, ``user_``, ``org_``, ``mem_``, ``inv_``,
-``sess_``, ``store_``, ``dsr_``, ``evt_``, ``whep_``, ``strm_``, ``rd_``, ``chal_``, ``req_``.
+``sess_``, ``store_``, ``dsr_``, ``evt_``, ``whep_``, ``strm_``, ``rd_``, ``chal_``, ``req_``; and
+ours for records the spec does not name: ``msg_`` (outbox messages), ``kid_`` (signing key ids).
 ULIDs sort by creation time (millisecond precision), which keyset pagination relies on.
 """
 
@@ -14,7 +15,7 @@ from ulid import ULID
 
 PREFIXES: Final = frozenset(
     {"ten", "proj", "key", "user", "org", "mem", "inv", "sess", "store", "dsr", "evt", "whep",
-     "strm", "rd", "chal", "req"}
+     "strm", "rd", "chal", "req", "msg", "kid"}
 )
 _ID_RE: Final = re.compile(r"([a-z]+)_([0-9a-hjkmnp-tv-z]{26})")
 

@@ -19,6 +19,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -82,6 +83,67 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
         "INFO", validation_alias=_env("SERVICE_LOG_LEVEL")
     )
+    # Identity (SPEC.md 2, 3 and 8). Lifetimes in seconds.
+    kms_key: SecretStr | None = Field(None, validation_alias=_env("SERVICE_KMS_KEY"))
+    kms_key_file: str | None = Field(None, validation_alias=_env("SERVICE_KMS_KEY_FILE"))
+    access_token_ttl_seconds: Annotated[int, Field(ge=60, le=86_400)] = Field(
+        900, validation_alias=_env("SERVICE_ACCESS_TOKEN_TTL_SECONDS")
+    )
+    session_ttl_seconds: Annotated[int, Field(ge=300, le=366 * 86_400)] = Field(
+        30 * 86_400, validation_alias=_env("SERVICE_SESSION_TTL_SECONDS")
+    )
+    refresh_reuse_grace_seconds: Annotated[float, Field(ge=0, le=300)] = Field(
+        30.0, validation_alias=_env("SERVICE_REFRESH_REUSE_GRACE_SECONDS")
+    )
+    magic_link_ttl_seconds: Annotated[int, Field(ge=60, le=86_400)] = Field(
+        900, validation_alias=_env("SERVICE_MAGIC_LINK_TTL_SECONDS")
+    )
+    invitation_ttl_seconds: Annotated[int, Field(ge=300, le=90 * 86_400)] = Field(
+        7 * 86_400, validation_alias=_env("SERVICE_INVITATION_TTL_SECONDS")
+    )
+    magic_link_rate_per_destination: str = Field(
+        "5/15minutes", validation_alias=_env("SERVICE_MAGIC_LINK_RATE_PER_DESTINATION")
+    )
+    magic_link_rate_per_ip: str = Field(
+        "30/minute", validation_alias=_env("SERVICE_MAGIC_LINK_RATE_PER_IP")
+    )
+    signing_key_rotation_days: Annotated[float, Field(gt=0, le=3650)] = Field(
+        30.0, validation_alias=_env("SERVICE_SIGNING_KEY_ROTATION_DAYS")
+    )
+    signing_key_prepublish_seconds: Annotated[float, Field(ge=0, le=30 * 86_400)] = Field(
+        3600.0, validation_alias=_env("SERVICE_SIGNING_KEY_PREPUBLISH_SECONDS")
+    )
+    signing_key_check_seconds: Annotated[float, Field(gt=0)] = Field(
+        300.0, validation_alias=_env("SERVICE_SIGNING_KEY_CHECK_SECONDS")
+    )
+    # Message delivery: the outbox worker and its sinks.
+    email_sink: Literal["console", "smtp"] = Field("console", validation_alias=_env("SERVICE_EMAIL_SINK"))
+    smtp_host: str | None = Field(None, validation_alias=_env("SERVICE_SMTP_HOST"))
+    smtp_port: Annotated[int, Field(ge=1, le=65535)] = Field(587, validation_alias=_env("SERVICE_SMTP_PORT"))
+    smtp_tls: Literal["starttls", "tls", "none"] = Field("starttls", validation_alias=_env("SERVICE_SMTP_TLS"))
+    smtp_username: str | None = Field(None, validation_alias=_env("SERVICE_SMTP_USERNAME"))
+    smtp_password: SecretStr | None = Field(None, validation_alias=_env("SERVICE_SMTP_PASSWORD"))
+    smtp_from: str = Field("authio <no-reply@localhost>", validation_alias=_env("SERVICE_SMTP_FROM"))
+    smtp_timeout_seconds: Annotated[float, Field(gt=0, le=600)] = Field(
+        30.0, validation_alias=_env("SERVICE_SMTP_TIMEOUT_SECONDS")
+    )
+    sms_sink: Literal["console", "twilio"] = Field("console", validation_alias=_env("SERVICE_SMS_SINK"))
+    twilio_account_sid: str | None = Field(None, validation_alias=_env("SERVICE_TWILIO_ACCOUNT_SID"))
+    twilio_auth_token: SecretStr | None = Field(None, validation_alias=_env("SERVICE_TWILIO_AUTH_TOKEN"))
+    twilio_from: str | None = Field(None, validation_alias=_env("SERVICE_TWILIO_FROM"))
+    twilio_base_url: str = Field("https://api.twilio.com", validation_alias=_env("SERVICE_TWILIO_BASE_URL"))
+    outbox_poll_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        1.0, validation_alias=_env("SERVICE_OUTBOX_POLL_SECONDS")
+    )
+    outbox_lease_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        60.0, validation_alias=_env("SERVICE_OUTBOX_LEASE_SECONDS")
+    )
+    outbox_max_attempts: Annotated[int, Field(ge=1, le=100)] = Field(
+        10, validation_alias=_env("SERVICE_OUTBOX_MAX_ATTEMPTS")
+    )
+    outbox_backoff_base_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        5.0, validation_alias=_env("SERVICE_OUTBOX_BACKOFF_BASE_SECONDS")
+    )
     # Telemetry (SPEC.md 1.3): these five variables alone configure tracing (common.telemetry).
     otel_exporter: Literal["stdout", "otlp", "none"] = Field(
         "stdout", validation_alias=_env("OTEL_EXPORTER")
@@ -108,6 +170,58 @@ class Settings(BaseSettings):
                 "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
             )
         return v
+
+    @field_validator("kms_key")
+    @classmethod
+    def _kms_key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None or v.get_secret_value() == "":
+            return None
+        decode_kek(v.get_secret_value())  # raises ValueError; never echoes the key
+        return v
+
+    @field_validator("kms_key_file")
+    @classmethod
+    def _kms_key_file(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        try:
+            text = open(v, encoding="ascii").read()  # noqa: SIM115 - read once at start
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read {v!r}: {exc.__class__.__name__}") from None
+        decode_kek(text)
+        return v
+
+    @field_validator("magic_link_rate_per_destination", "magic_link_rate_per_ip")
+    @classmethod
+    def _rate(cls, v: str) -> str:
+        from limits import parse_many
+
+        try:
+            parse_many(v)
+        except ValueError:
+            raise ValueError("must be a rate such as '5/15minutes' or '30/minute;300/hour'") from None
+        return v
+
+    @model_validator(mode="after")
+    def _sinks_configured(self) -> Settings:
+        if self.email_sink == "smtp" and not self.smtp_host:
+            raise ValueError("SERVICE_SMTP_HOST is required when SERVICE_EMAIL_SINK=smtp")
+        if self.sms_sink == "twilio" and not (
+            self.twilio_account_sid and self.twilio_auth_token and self.twilio_from
+        ):
+            raise ValueError("SERVICE_TWILIO_ACCOUNT_SID, SERVICE_TWILIO_AUTH_TOKEN and "
+                             "SERVICE_TWILIO_FROM are required when SERVICE_SMS_SINK=twilio")
+        return self
+
+    def kek(self) -> bytes | None:
+        """The KMS key-encryption key (32 bytes) from ``SERVICE_KMS_KEY`` or the file named by
+        ``SERVICE_KMS_KEY_FILE`` (base64 text), or None when neither is set."""
+        if self.kms_key is not None:
+            return decode_kek(self.kms_key.get_secret_value())
+        if self.kms_key_file:
+            with open(self.kms_key_file, encoding="ascii") as f:
+                return decode_kek(f.read())
+        return None
 
     @field_validator("otel_exporter", mode="before")
     @classmethod
@@ -184,6 +298,26 @@ class Settings(BaseSettings):
         return (self.base_url or f"http://localhost:{self.port}").rstrip("/")
 
 
+def decode_kek(text: str) -> bytes:
+    """A key-encryption key written as base64 (standard or URL-safe) of exactly 32 bytes.
+
+    Raises ValueError without echoing the value. Make one with
+    ``python -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())'``.
+    """
+    import base64
+    import binascii
+
+    raw = text.strip()
+    try:
+        key = base64.b64decode(raw.replace("-", "+").replace("_", "/") + "=" * (-len(raw) % 4),
+                               validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("must be base64 of 32 random bytes") from None
+    if len(key) != 32:
+        raise ValueError(f"must decode to 32 bytes (AES-256), not {len(key)}")
+    return key
+
+
 def parse_otlp_headers(raw: str) -> dict[str, str]:
     """``k=v,k2=v2`` as the OpenTelemetry spec defines ``OTEL_EXPORTER_OTLP_HEADERS``: entries
     separated by commas, whitespace around names and values ignored, values percent-encoded
@@ -225,6 +359,10 @@ def load_settings(**overrides: object) -> Settings:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            loc = str(err["loc"][0]) if err["loc"] else "?"
-            lines.append(f"{_FIELD_ENV.get(loc, loc)}: {err['msg']}")
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if err["loc"]:
+                loc = str(err["loc"][0])
+                lines.append(f"{_FIELD_ENV.get(loc, loc)}: {msg}")
+            else:  # a rule across variables names them in its message
+                lines.append(msg)
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None

@@ -11,9 +11,10 @@ from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.runtime import base_app, install_resources
-from common.settings import Settings
+from common.settings import Settings, SettingsError
 from control_plane import api_keys, audit_events, bootstrap, projects, stores, tuples
-from control_plane.appkeys import CURSOR_SECRET
+from control_plane.appkeys import CURSOR_SECRET, KMS
+from control_plane.kms import LocalKms
 from control_plane.audit_partitions import manage_partitions, run_partition_manager
 from control_plane.pagination import load_cursor_secret
 
@@ -21,6 +22,7 @@ from control_plane.pagination import load_cursor_secret
 def setup_control_plane(app: web.Application) -> None:
     """Add the control plane's routes and workers to ``app`` (alone or beside the engine)."""
     install_resources(app)
+    app[KMS] = load_kms(app[SETTINGS])
     app.cleanup_ctx.append(_cursor_secret)
     app.cleanup_ctx.append(_workers)
     r = app.router
@@ -39,6 +41,19 @@ def setup_control_plane(app: web.Application) -> None:
     r.add_get("/v1/audit/events.jsonl", audit_events.get_events_jsonl, allow_head=False)
     r.add_get("/v1/audit/events/types", audit_events.get_event_types)
     r.add_get("/v1/audit-events", audit_events.get_legacy_events)
+
+
+def load_kms(settings: Settings) -> LocalKms:
+    """The KMS over ``SERVICE_KMS_KEY`` / ``SERVICE_KMS_KEY_FILE``. Raises SettingsError when
+    neither is set: signing keys and message bodies are never stored unencrypted."""
+    kek = settings.kek()
+    if kek is None:
+        raise SettingsError(
+            "SERVICE_KMS_KEY or SERVICE_KMS_KEY_FILE must be set: the key-encryption key that "
+            "wraps signing keys and secrets at rest (base64 of 32 random bytes; make one with "
+            "'authio kms-key --file PATH')"
+        )
+    return LocalKms(kek)
 
 
 async def _cursor_secret(app: web.Application) -> AsyncIterator[None]:

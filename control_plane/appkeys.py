@@ -9,5 +9,9 @@ from typing import Final
 
 from aiohttp import web
 
+from control_plane.kms import LocalKms
+
 # The deployment's cursor-signing secret (``control_plane.pagination``), loaded at start.
 CURSOR_SECRET: Final = web.AppKey("cursor_secret", bytes)
+# Envelope encryption of secrets at rest (``control_plane.kms``), from SERVICE_KMS_KEY[_FILE].
+KMS: Final = web.AppKey("kms", LocalKms)

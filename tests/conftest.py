@@ -9,6 +9,7 @@ tests are isolated without resetting the database.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import secrets
@@ -33,6 +34,8 @@ from common.settings import Settings, load_settings
 from control_plane.migrate import upgrade
 
 BOOTSTRAP_TOKEN = "test-bootstrap-token-" + "x" * 32
+# The key-encryption key of this run, in the environment so `authio serve` subprocesses share it.
+KMS_KEY = os.environ.setdefault("SERVICE_KMS_KEY", base64.b64encode(secrets.token_bytes(32)).decode())
 ROOT = Path(__file__).resolve().parents[1]
 AUTHIO = str(Path(sys.executable).with_name("authio"))
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"

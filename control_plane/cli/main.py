@@ -4,6 +4,7 @@
     authio serve engine           the engine alone (SERVICE_ENGINE_PORT, default 8081)
     authio serve control-plane    the control plane alone (PORT)
     authio migrate                apply pending schema migrations
+    authio kms-key --file PATH    write a new key-encryption key to PATH unless it exists
 
 Logs are JSON lines on standard error (common.logging); traces follow the OTEL_* variables
 (common.telemetry; spans on standard output by default).
@@ -59,6 +60,22 @@ def _serve(settings: Settings, target: str) -> None:
             shutdown_tracing(provider)  # flush the last spans, bounded
 
 
+def _write_kms_key(path: str) -> int:
+    """Create ``path`` holding base64 of 32 random bytes, readable by its owner only; keep an
+    existing file (it wraps every signing key already stored). Returns the exit code."""
+    import base64
+
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        print(f"{path} exists; kept", flush=True)
+        return 0
+    with os.fdopen(fd, "w") as f:
+        f.write(base64.b64encode(secrets.token_bytes(32)).decode() + "\n")
+    print(f"wrote a new key-encryption key to {path}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="authio", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,7 +87,12 @@ def main(argv: list[str] | None = None) -> None:
                        help="when SERVICE_BOOTSTRAP_TOKEN is unset, make one for this run and "
                             "print it once (local development)")
     sub.add_parser("migrate", help="apply pending schema migrations")
+    kms_key = sub.add_parser("kms-key", help="write a new key-encryption key (SERVICE_KMS_KEY_FILE) "
+                                             "to a file, unless the file exists")
+    kms_key.add_argument("--file", required=True, help="path of the key file (created mode 0600)")
     args = parser.parse_args(argv)
+    if args.command == "kms-key":
+        sys.exit(_write_kms_key(args.file))
 
     if getattr(args, "generate_bootstrap_token", False) and not os.environ.get(
         "SERVICE_BOOTSTRAP_TOKEN"
@@ -90,6 +112,13 @@ def main(argv: list[str] | None = None) -> None:
         upgrade(settings.database_url)
         print("migrations applied", flush=True)
     else:
+        if args.target != "engine":  # the control plane needs its KMS key: fail before serving
+            from control_plane.app import load_kms
+
+            try:
+                load_kms(settings)
+            except SettingsError as exc:
+                sys.exit(f"authio: {exc}")
         _serve(settings, args.target)
 
 

@@ -1,0 +1,203 @@
+"""Identity: users, organizations, memberships, invitations, magic links, the message outbox,
+signing keys, sessions and refresh tokens.
+
+* Emails are kept as given and matched case-insensitively: the unique index is on
+  ``lower(email)`` per project (SPEC.md 2 "User": unique on (project_id, email)). A user may be
+  reachable by phone only (an SMS sign-in by an unknown number), hence the CHECK.
+* Magic-link and refresh tokens are stored as SHA-256 digests only; the plaintext exists in the
+  message that carries it and in the response that returns it.
+* ``messages`` is the transactional outbox: a row is inserted in the same transaction as the
+  change that needs it (a new user, an invitation, a sign-in request) and delivered by the outbox
+  worker, which claims rows with a lease (``locked_until``), so a crash mid-delivery leaves the
+  row to be claimed again once the lease runs out. The body is envelope-encrypted (it holds a live
+  sign-in link) and wiped once delivered.
+* ``signing_keys``: one ``active`` key per project (a partial unique index), a ``pending`` key
+  published ahead of its use, ``retired`` keys published until ``publish_until``. Private keys
+  are envelope-encrypted (``common.kms``).
+* ``sessions.access_expires_at`` is the latest ``exp`` of any access token issued for the
+  session: a revocation must outlive it (the Redis revocation set's member expiry).
+* ``refresh_tokens`` keeps every generation of a session's refresh token so that a rotated one
+  presented again is recognised (reuse detection) rather than merely unknown.
+
+Revision ID: 0003
+Revises: 0002
+Create Date: 2026-11-21
+"""
+
+from control_plane.migrate import run_sql
+
+revision = "0003"
+down_revision = "0002"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    run_sql("""
+ALTER TABLE projects
+    ADD COLUMN signing_alg text NOT NULL DEFAULT 'EdDSA' CHECK (signing_alg IN ('EdDSA', 'RS256'));
+
+-- Hosts that resolve to a project on public endpoints (DESIGN.md "project of public endpoints").
+CREATE TABLE project_domains (
+    domain      text PRIMARY KEY CHECK (domain = lower(domain)),
+    project_id  text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX project_domains_project ON project_domains (project_id);
+
+CREATE TABLE users (
+    id              text PRIMARY KEY,
+    project_id      text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    email           text,
+    email_verified  boolean NOT NULL DEFAULT false,
+    phone_number    text,
+    phone_verified  boolean NOT NULL DEFAULT false,
+    name            text NOT NULL DEFAULT '',
+    metadata        jsonb NOT NULL DEFAULT '{}'::jsonb,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    last_sign_in_at timestamptz,
+    CHECK (email IS NOT NULL OR phone_number IS NOT NULL)
+);
+CREATE UNIQUE INDEX users_project_email ON users (project_id, lower(email)) WHERE email IS NOT NULL;
+CREATE UNIQUE INDEX users_project_phone ON users (project_id, phone_number) WHERE phone_number IS NOT NULL;
+CREATE INDEX users_project ON users (project_id, id);
+
+CREATE TABLE organizations (
+    id          text PRIMARY KEY,
+    project_id  text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    name        text NOT NULL,
+    slug        text NOT NULL,
+    metadata    jsonb NOT NULL DEFAULT '{}'::jsonb,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (project_id, slug)
+);
+CREATE INDEX organizations_project ON organizations (project_id, id);
+
+CREATE TABLE memberships (
+    id              text PRIMARY KEY,
+    project_id      text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    organization_id text NOT NULL REFERENCES organizations (id) ON DELETE CASCADE,
+    user_id         text NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    role            text NOT NULL,
+    status          text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'suspended')),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    UNIQUE (organization_id, user_id)
+);
+CREATE INDEX memberships_org ON memberships (organization_id, id);
+CREATE INDEX memberships_user ON memberships (user_id) WHERE status = 'active';
+
+CREATE TABLE invitations (
+    id                  text PRIMARY KEY,
+    project_id          text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    organization_id     text NOT NULL REFERENCES organizations (id) ON DELETE CASCADE,
+    email               text NOT NULL,
+    role                text NOT NULL,
+    status              text NOT NULL DEFAULT 'pending'
+                        CHECK (status IN ('pending', 'accepted', 'revoked')),
+    expires_at          timestamptz NOT NULL,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    accepted_at         timestamptz,
+    accepted_user_id    text,
+    revoked_at          timestamptz,
+    created_by          text
+);
+CREATE INDEX invitations_org ON invitations (organization_id, id);
+-- At most one pending invitation per (organization, email).
+CREATE UNIQUE INDEX invitations_pending_email ON invitations (organization_id, lower(email))
+    WHERE status = 'pending';
+
+CREATE TABLE magic_link_tokens (
+    token_hash      bytea PRIMARY KEY,
+    project_id      text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    purpose         text NOT NULL CHECK (purpose IN ('signin', 'enrollment', 'invitation')),
+    channel         text NOT NULL CHECK (channel IN ('email', 'sms')),
+    destination     text NOT NULL,
+    user_id         text REFERENCES users (id) ON DELETE CASCADE,
+    invitation_id   text REFERENCES invitations (id) ON DELETE CASCADE,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz NOT NULL,
+    consumed_at     timestamptz
+);
+CREATE INDEX magic_link_tokens_expiry ON magic_link_tokens (expires_at);
+
+CREATE TABLE messages (
+    id              text PRIMARY KEY,
+    project_id      text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    channel         text NOT NULL CHECK (channel IN ('email', 'sms')),
+    kind            text NOT NULL,
+    destination     text NOT NULL,
+    body_sealed     bytea,
+    status          text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'sent', 'failed')),
+    attempts        integer NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    locked_until    timestamptz,
+    last_error      text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    sent_at         timestamptz
+);
+CREATE INDEX messages_due ON messages (next_attempt_at) WHERE status = 'pending';
+CREATE INDEX messages_project ON messages (project_id, id);
+
+CREATE TABLE signing_keys (
+    kid             text PRIMARY KEY,
+    project_id      text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    alg             text NOT NULL CHECK (alg IN ('EdDSA', 'RS256')),
+    public_jwk      jsonb NOT NULL,
+    private_sealed  bytea NOT NULL,
+    status          text NOT NULL CHECK (status IN ('pending', 'active', 'retired')),
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    activated_at    timestamptz,
+    retired_at      timestamptz,
+    publish_until   timestamptz
+);
+CREATE UNIQUE INDEX signing_keys_one_active ON signing_keys (project_id) WHERE status = 'active';
+CREATE UNIQUE INDEX signing_keys_one_pending ON signing_keys (project_id) WHERE status = 'pending';
+CREATE INDEX signing_keys_project ON signing_keys (project_id, created_at);
+
+CREATE TABLE sessions (
+    id                  text PRIMARY KEY,
+    project_id          text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    user_id             text NOT NULL REFERENCES users (id) ON DELETE CASCADE,
+    organization_id     text REFERENCES organizations (id) ON DELETE SET NULL,
+    status              text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'revoked')),
+    auth_method         text NOT NULL,
+    ip                  text,
+    user_agent          text,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    expires_at          timestamptz NOT NULL,
+    last_refreshed_at   timestamptz,
+    access_expires_at   timestamptz NOT NULL,
+    revoked_at          timestamptz,
+    revoke_reason       text
+);
+CREATE INDEX sessions_user ON sessions (user_id);
+
+CREATE TABLE refresh_tokens (
+    token_hash      bytea PRIMARY KEY,
+    session_id      text NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
+    generation      integer NOT NULL,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    rotated_at      timestamptz,
+    UNIQUE (session_id, generation)
+);
+    """)
+
+
+def downgrade() -> None:
+    run_sql("""
+DROP TABLE refresh_tokens;
+DROP TABLE sessions;
+DROP TABLE signing_keys;
+DROP TABLE messages;
+DROP TABLE magic_link_tokens;
+DROP TABLE invitations;
+DROP TABLE memberships;
+DROP TABLE organizations;
+DROP TABLE users;
+DROP TABLE project_domains;
+ALTER TABLE projects DROP COLUMN signing_alg;
+    """)
