@@ -185,7 +185,7 @@ class Settings(BaseSettings):
         if not v:
             return None
         try:
-            text = open(v, encoding="ascii").read()  # noqa: SIM115 - read once at start
+            text = open(v, encoding="ascii").read()
         except (OSError, UnicodeDecodeError) as exc:
             raise ValueError(f"cannot read {v!r}: {exc.__class__.__name__}") from None
         decode_kek(text)

@@ -14,8 +14,8 @@ from common.runtime import base_app, install_resources
 from common.settings import Settings, SettingsError
 from control_plane import api_keys, audit_events, bootstrap, projects, stores, tuples
 from control_plane.appkeys import CURSOR_SECRET, KMS
-from control_plane.kms import LocalKms
 from control_plane.audit_partitions import manage_partitions, run_partition_manager
+from control_plane.kms import LocalKms
 from control_plane.pagination import load_cursor_secret
 
 
