@@ -249,3 +249,10 @@ class TokenExpired(ServiceError):
 class TokenInvalidOrExpired(ServiceError):
     code, status, default_message = (
         "token_invalid_or_expired", 410, "This link is not valid or has expired.")
+
+
+class DomainInUse(ServiceError):
+    """``PATCH /v1/projects/me``: a domain resolves public endpoints to one project only."""
+
+    code, status, default_message = (
+        "domain_in_use", 409, "Another project already uses that domain.")

@@ -12,7 +12,15 @@ from aiohttp import web
 from common.appkeys import PG_POOL, SETTINGS
 from common.runtime import base_app, install_resources
 from common.settings import Settings, SettingsError
-from control_plane import api_keys, audit_events, bootstrap, projects, stores, tuples
+from control_plane import (
+    api_keys,
+    audit_events,
+    bootstrap,
+    projects,
+    signing_keys,
+    stores,
+    tuples,
+)
 from control_plane.appkeys import CURSOR_SECRET, KMS
 from control_plane.audit_partitions import manage_partitions, run_partition_manager
 from control_plane.kms import LocalKms
@@ -41,6 +49,9 @@ def setup_control_plane(app: web.Application) -> None:
     r.add_get("/v1/audit/events.jsonl", audit_events.get_events_jsonl, allow_head=False)
     r.add_get("/v1/audit/events/types", audit_events.get_event_types)
     r.add_get("/v1/audit-events", audit_events.get_legacy_events)
+    # Identity (issue 4): each module registers its own routes (and workers) with setup(app).
+    # identity-setup
+    signing_keys.setup(app)
 
 
 def load_kms(settings: Settings) -> LocalKms:

@@ -60,6 +60,7 @@ from common.telemetry import (
 )
 from tests.conftest import (
     BOOTSTRAP_TOKEN,
+    KMS_KEY,
     ROOT,
     Api,
     Response,
@@ -216,7 +217,7 @@ def base_env(database_url: str, redis_url: str, redis_prefix: str) -> dict[str, 
            if not k.startswith(("OTEL_", "SERVICE_")) and k not in ("PORT", "DATABASE_URL", "REDIS_URL")}
     env.update(DATABASE_URL=database_url, REDIS_URL=redis_url, SERVICE_REDIS_PREFIX=redis_prefix,
                SERVICE_BOOTSTRAP_TOKEN=BOOTSTRAP_TOKEN, SERVICE_ENGINE_POLL_SECONDS="0.5",
-               SERVICE_PG_POOL_MAX="4")
+               SERVICE_PG_POOL_MAX="4", SERVICE_KMS_KEY=KMS_KEY)
     return env
 
 
