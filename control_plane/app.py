@@ -16,6 +16,7 @@ from control_plane import (
     api_keys,
     audit_events,
     bootstrap,
+    outbox,
     projects,
     signing_keys,
     stores,
@@ -52,6 +53,7 @@ def setup_control_plane(app: web.Application) -> None:
     # Identity (issue 4): each module registers its own routes (and workers) with setup(app).
     # identity-setup
     signing_keys.setup(app)
+    outbox.setup(app)
 
 
 def load_kms(settings: Settings) -> LocalKms:
