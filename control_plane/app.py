@@ -16,11 +16,17 @@ from control_plane import (
     api_keys,
     audit_events,
     bootstrap,
+    invitations,
+    memberships,
+    organizations,
     outbox,
     projects,
+    sessions,
+    signin,
     signing_keys,
     stores,
     tuples,
+    users,
 )
 from control_plane.appkeys import CURSOR_SECRET, KMS
 from control_plane.audit_partitions import manage_partitions, run_partition_manager
@@ -54,6 +60,12 @@ def setup_control_plane(app: web.Application) -> None:
     # identity-setup
     signing_keys.setup(app)
     outbox.setup(app)
+    users.setup(app)
+    organizations.setup(app)
+    memberships.setup(app)
+    invitations.setup(app)
+    sessions.setup(app)
+    signin.setup(app)
 
 
 def load_kms(settings: Settings) -> LocalKms:

@@ -1,10 +1,9 @@
-"""Magic links: single-use sign-in tokens sent by email or SMS (SPEC.md 1, 4, 5; issue 4).
+"""Magic links: single-use tokens sent by email or SMS (SPEC.md 1, 4, 5; issue 4).
 
 A token is 32 random bytes (base64url), stored as its SHA-256 digest only, valid once and for a
-limited time (15 minutes for sign-in links). The link opens a landing page
-(``GET /v1/auth/magic-link/verify``) that shows a button and never consumes the token, because
-mail scanners follow links; the button posts to ``POST /v1/auth/magic-link/verify``, which
-redeems it and signs the user in.
+limited time (15 minutes for sign-in links; invitations and enrollments last
+``SERVICE_INVITATION_TTL_SECONDS``). ``issue_link`` creates one and queues the message that
+carries it; ``control_plane.signin`` redeems it.
 """
 
 from __future__ import annotations
@@ -88,3 +87,4 @@ async def issue_link(
         conn, kms, project_id=project_id, channel=channel, destination=destination, kind=purpose,
         subject=subject.format(**fields), text=body,
     )
+

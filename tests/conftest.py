@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,8 @@ def settings_factory(database_url: str, redis_url: str, redis_prefix: str) -> Ca
             "database_url": database_url, "redis_url": redis_url, "redis_prefix": redis_prefix,
             "bootstrap_token": BOOTSTRAP_TOKEN, "engine_poll_seconds": 0.5,
             "consistency_timeout_ms": 2000, "pg_pool_max": 5,
+            # Every test signs in from 127.0.0.1: the per-IP budget is tested with its own value.
+            "magic_link_rate_per_ip": "100000/minute",
         }
         values.update(overrides)
         return load_settings(**values)
@@ -347,3 +349,32 @@ async def stop_gracefully(served: ServedProcess, within: float = 10.0) -> int:
         pytest.fail(f"authio serve did not stop within {within} s of SIGTERM")
     await asyncio.gather(*served.readers, return_exceptions=True)
     return code
+
+
+# --- the development mailbox (console message sink) -------------------------------------------
+
+
+async def mailbox_messages(api: Api, destination: str, *, count: int = 1, within: float = 10.0,
+                           also: Sequence[Api] = ()) -> list[dict[str, Any]]:
+    """The messages ``GET /v1/dev/mailbox?destination=...`` lists for ``api``'s key (its
+    project; newest first) once there are at least ``count``; fails the test after ``within``
+    seconds. Each process shows only what its own outbox worker delivered, and every running
+    app's worker delivers from the one outbox: a test that starts apps of its own names them in
+    ``also`` (asked with ``api``'s key)."""
+    from urllib.parse import urlencode
+
+    path = "/v1/dev/mailbox?" + urlencode({"destination": destination, "limit": 1000})
+    apis = [api, *(other.with_key(api.key) for other in also)]
+    deadline = time.monotonic() + within
+    while True:
+        data: list[dict[str, Any]] = []
+        for each in apis:
+            r = await each.get(path)
+            assert r.status == 200, (r.status, r.body)
+            data += r.body["data"]
+        if len(data) >= count:
+            return sorted(data, key=lambda m: str(m["id"]), reverse=True)
+        if time.monotonic() > deadline:
+            pytest.fail(f"{len(data)} of {count} message(s) to {destination} reached the dev "
+                        f"mailbox within {within} s")
+        await asyncio.sleep(0.05)

@@ -17,7 +17,9 @@ signing keys, sessions and refresh tokens.
 * ``sessions.access_expires_at`` is the latest ``exp`` of any access token issued for the
   session: a revocation must outlive it (the Redis revocation set's member expiry).
 * ``refresh_tokens`` keeps every generation of a session's refresh token so that a rotated one
-  presented again is recognised (reuse detection) rather than merely unknown.
+  presented again is recognised (reuse detection) rather than merely unknown. ``used_at`` tells
+  a token the client presented from one that was only superseded: a rotated token is forgiven
+  within the grace period only while no newer generation has been presented.
 
 Revision ID: 0003
 Revises: 0002
@@ -181,7 +183,8 @@ CREATE TABLE refresh_tokens (
     session_id      text NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
     generation      integer NOT NULL,
     created_at      timestamptz NOT NULL DEFAULT now(),
-    rotated_at      timestamptz,
+    rotated_at      timestamptz,  -- replaced by a newer generation
+    used_at         timestamptz,  -- presented by the client (and so rotated)
     UNIQUE (session_id, generation)
 );
     """)

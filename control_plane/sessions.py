@@ -1,0 +1,517 @@
+"""Sessions: sign-in, organization context, refresh token rotation, revocation (SPEC.md 2, 3).
+
+A session is a row in ``sessions``; the client holds a short-lived access JWT (the
+``service_session`` cookie or a Bearer token) and an opaque refresh token. The state table of
+SPEC.md 3 is implemented by these endpoints (S = session cookie or Bearer access token):
+
+* ``POST /v1/sessions/select-org`` ``{"organization_id"}``: once per session, for a user with an
+  active membership there (``not_a_member`` 403); a session that already has one answers
+  ``org_already_selected`` (409) unless it is the same organization.
+* ``POST /v1/sessions/switch-org`` ``{"organization_id"}``: to another organization with an
+  active membership; ``session.org_switched`` is recorded. ``no_org_selected`` (409) before a
+  first selection.
+* ``POST /v1/sessions/refresh`` ``{"refresh_token"}``: authenticated by the refresh token alone
+  (the access token may have expired, RFC 6749 6). The refresh token rotates; a rotated token
+  presented again revokes the whole session (reuse detection, as OAuth 2.0 Security BCP
+  (RFC 9700) 4.14.2 recommends), except the immediate predecessor within
+  ``SERVICE_REFRESH_REUSE_GRACE_SECONDS`` so a lost response does not log the user out. The
+  organization is re-checked: a membership that is no longer active drops the org context.
+* ``POST /v1/sessions/revoke``: revokes the session (every org context: the session id is what
+  every token carries), adds it to the Redis revocation set and publishes it, clears the cookie.
+* ``GET /v1/sessions/me``: the session and its user.
+
+Failures are ``no_session`` (401) with ``details.reason`` saying why (``missing``,
+``token_invalid``, ``token_expired``, ``session_revoked``, ``session_expired``,
+``unknown_refresh_token``, ``refresh_token_reused``).
+
+The revocation set is the Redis sorted set ``<prefix>revoked_sessions``: member the session id,
+score the Unix time until which a token of that session may still verify (the latest access
+token's ``exp`` plus leeway); members past their score are trimmed on every write. Each
+revocation is also published on ``<prefix>session_revocations`` so engines can deny at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import asyncpg
+from aiohttp import web
+from redis.asyncio import Redis
+
+from common.appkeys import PG_POOL, REDIS, SETTINGS
+from common.errors import NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
+from common.http import RequestModel, json_response, parse_body, parse_model, read_json
+from common.ids import is_id, new_id
+from common.settings import Settings
+from control_plane import audit, users  # users imports this module: attributes at call time
+from control_plane.appkeys import TOKENS
+from control_plane.tokens import AccessClaims, TokenService
+
+log = logging.getLogger("authio.sessions")
+
+COOKIE: Final = "service_session"  # SPEC.md 2: its value is the access JWT itself
+REFRESH_PREFIX: Final = "rt_"
+REVOCATION_LEEWAY_SECONDS: Final = 60  # verifiers' clock leeway, kept on the revocation set
+SESSION_COLUMNS: Final = (
+    "id, user_id, organization_id, status, auth_method, created_at, expires_at, "
+    "last_refreshed_at, revoked_at"
+)
+
+
+# --- revocation (Redis) ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Revoked:
+    """A revoked session and the Unix time until which its access tokens could still verify."""
+
+    session_id: str
+    until: int
+
+
+def revocation_set(prefix: str) -> str:
+    return f"{prefix}revoked_sessions"
+
+
+def revocation_channel(prefix: str) -> str:
+    return f"{prefix}session_revocations"
+
+
+def _revoked(session_id: str, access_expires_at: datetime) -> Revoked:
+    return Revoked(session_id, int(access_expires_at.timestamp()) + REVOCATION_LEEWAY_SECONDS)
+
+
+async def revoke_sessions_of_user(
+    conn: asyncpg.Connection, *, user_id: str, reason: str
+) -> list[Revoked]:
+    """Mark every active session of ``user_id`` revoked, in ``conn``'s transaction; publish the
+    result with ``publish_revocations`` after commit."""
+    rows = await conn.fetch(
+        """UPDATE sessions SET status = 'revoked', revoked_at = now(), revoke_reason = $2
+           WHERE user_id = $1 AND status = 'active' RETURNING id, access_expires_at""",
+        user_id, reason,
+    )
+    return [_revoked(r["id"], r["access_expires_at"]) for r in rows]
+
+
+async def publish_revocations(redis: Redis, settings: Settings, revoked: Sequence[Revoked]) -> None:
+    """Add ``revoked`` to the Redis revocation set and publish each id.
+
+    PostgreSQL stays the source of truth: a Redis failure is logged, not raised, since the
+    revocation already committed and the control plane refuses the session either way.
+    """
+    if not revoked:
+        return
+    now = int(time.time())
+    key = revocation_set(settings.redis_prefix)
+    try:
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.zadd(key, {r.session_id: r.until for r in revoked}, gt=True)
+            pipe.zremrangebyscore(key, "-inf", now)
+            ttl = max(r.until for r in revoked) - now + 1
+            pipe.expire(key, ttl, nx=True)  # a new set gets a lifetime ...
+            pipe.expire(key, ttl, gt=True)  # ... and an existing one only ever a longer one
+            for r in revoked:
+                pipe.publish(revocation_channel(settings.redis_prefix), r.session_id)
+            await pipe.execute()
+    except Exception:
+        log.exception("could not publish session revocations",
+                      extra={"sessions": [r.session_id for r in revoked]})
+
+
+# --- tokens and the sign-in envelope ---------------------------------------------------------
+
+
+def new_refresh_token() -> tuple[str, bytes]:
+    """(plaintext, stored SHA-256 digest) of a new opaque refresh token."""
+    token = REFRESH_PREFIX + secrets.token_urlsafe(32)
+    return token, hash_refresh_token(token)
+
+
+def hash_refresh_token(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What a sign-in, an org change or a refresh hands back to the client."""
+
+    session: dict[str, Any]
+    user: dict[str, Any]
+    access_token: str
+    expires_in: int
+    refresh_token: str | None  # None when the refresh token did not change
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "session": self.session, "user": self.user, "access_token": self.access_token,
+            "token_type": "Bearer", "expires_in": self.expires_in,
+        }
+        if self.refresh_token is not None:
+            out["refresh_token"] = self.refresh_token
+        return out
+
+
+def _session_body(row: asyncpg.Record | dict[str, Any], role: str | None) -> dict[str, Any]:
+    s = dict(row)
+    s["role"] = role if s.get("organization_id") else None
+    return s
+
+
+async def _active_role(conn: asyncpg.Connection, user_id: str, org_id: str) -> str | None:
+    role: str | None = await conn.fetchval(
+        """SELECT role FROM memberships
+           WHERE user_id = $1 AND organization_id = $2 AND status = 'active'""",
+        user_id, org_id,
+    )
+    return role
+
+
+async def start_session(
+    conn: asyncpg.Connection, settings: Settings, *, project_id: str, user_id: str,
+    auth_method: str, ip: str | None, user_agent: str | None, iat: int,
+    organization_id: str | None = None,
+) -> tuple[dict[str, Any], str | None, str]:
+    """Create a session in ``conn``'s transaction; returns (session body, role, refresh token).
+
+    The organization is ``organization_id`` when given (an accepted invitation), else the one
+    organization of a user with exactly one active membership (SPEC.md 3), else none.
+    """
+    role: str | None = None
+    if organization_id is not None:
+        role = await _active_role(conn, user_id, organization_id)
+        if role is None:
+            organization_id = None
+    else:
+        only = await conn.fetch(
+            """SELECT organization_id, role FROM memberships
+               WHERE user_id = $1 AND status = 'active' LIMIT 2""", user_id,
+        )
+        if len(only) == 1:
+            organization_id, role = only[0]["organization_id"], only[0]["role"]
+    session_id = new_id("sess")
+    row = await conn.fetchrow(
+        f"""INSERT INTO sessions (id, project_id, user_id, organization_id, auth_method, ip,
+                                  user_agent, expires_at, access_expires_at)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::interval, to_timestamp($9))
+            RETURNING {SESSION_COLUMNS}""",
+        session_id, project_id, user_id, organization_id, auth_method, ip, user_agent,
+        timedelta(seconds=settings.session_ttl_seconds), iat + settings.access_token_ttl_seconds,
+    )
+    refresh, digest = new_refresh_token()
+    await conn.execute(
+        "INSERT INTO refresh_tokens (token_hash, session_id, generation) VALUES ($1, $2, 1)",
+        digest, session_id,
+    )
+    assert row is not None
+    return _session_body(row, role), role, refresh
+
+
+async def grant(
+    tokens: TokenService, settings: Settings, *, project_id: str, session: dict[str, Any],
+    user: dict[str, Any], role: str | None, iat: int, refresh_token: str | None,
+) -> Grant:
+    """Sign the access token for ``session`` and assemble the response."""
+    access = await tokens.issue(
+        project_id=project_id, user_id=session["user_id"], session_id=session["id"],
+        org_id=session["organization_id"], role=role, iat=iat,
+    )
+    return Grant(session, user, access, settings.access_token_ttl_seconds, refresh_token)
+
+
+def grant_response(request: web.Request, g: Grant, *, status: int = 200) -> web.Response:
+    """The envelope plus the ``service_session`` cookie (HttpOnly, SameSite=Lax, Path=/,
+    Secure unless the service is on plain-HTTP localhost)."""
+    response = json_response(request, g.body(), status=status)
+    settings = request.app[SETTINGS]
+    response.set_cookie(
+        COOKIE, g.access_token, max_age=g.expires_in, path="/", httponly=True, samesite="Lax",
+        secure=_secure_cookies(settings),
+    )
+    return response
+
+
+def _secure_cookies(settings: Settings) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(settings.public_base_url)
+    local = parts.hostname in ("localhost", "127.0.0.1", "::1")
+    return not (parts.scheme == "http" and local)
+
+
+# --- the current session (S endpoints) -----------------------------------------------------
+
+
+def presented_access_token(request: web.Request) -> str | None:
+    """The Bearer access token, else the ``service_session`` cookie."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.cookies.get(COOKIE) or None
+
+
+@dataclass(frozen=True, slots=True)
+class Current:
+    claims: AccessClaims
+    session: dict[str, Any]
+
+
+async def current_session(request: web.Request, conn: asyncpg.Connection, *,
+                          for_update: bool = False) -> Current:
+    """The caller's active session. Raises NoSession."""
+    token = presented_access_token(request)
+    if token is None:
+        raise NoSession(details={"reason": "missing"})
+    claims = await request.app[TOKENS].verify(token)
+    row = await conn.fetchrow(
+        f"""SELECT {SESSION_COLUMNS}, project_id, now() > expires_at AS expired FROM sessions
+            WHERE id = $1 {"FOR UPDATE" if for_update else ""}""",
+        claims.sid,
+    )
+    if row is None or row["project_id"] != claims.pid or row["user_id"] != claims.sub:
+        raise NoSession("The session no longer exists.", details={"reason": "session_revoked"})
+    if row["status"] != "active":
+        raise NoSession("The session was revoked.", details={"reason": "session_revoked"})
+    if row["expired"]:
+        raise NoSession("The session expired.", details={"reason": "session_expired"})
+    session = dict(row)
+    del session["expired"]
+    return Current(claims, session)
+
+
+async def _user(conn: asyncpg.Connection, user_id: str) -> dict[str, Any]:
+    row = await conn.fetchrow(f"SELECT {users.USER_COLUMNS} FROM users WHERE id = $1", user_id)
+    if row is None:
+        raise NoSession("The user no longer exists.", details={"reason": "session_revoked"})
+    return dict(row)
+
+
+class OrgBody(RequestModel):
+    organization_id: str
+
+
+async def _org_change(request: web.Request, *, switch: bool) -> web.Response:
+    body = await parse_body(request, OrgBody)
+    settings, tokens = request.app[SETTINGS], request.app[TOKENS]
+    iat = int(time.time())
+    async with request.app[PG_POOL].acquire() as conn, conn.transaction():
+        cur = await current_session(request, conn, for_update=True)
+        s = cur.session
+        previous = s["organization_id"]
+        if switch and previous is None:
+            raise NoOrgSelected()
+        if not switch and previous is not None and previous != body.organization_id:
+            raise OrgAlreadySelected(details={"organization_id": previous})
+        role = None
+        if is_id(body.organization_id, "org"):
+            role = await conn.fetchval(
+                """SELECT m.role FROM memberships m JOIN organizations o ON o.id = m.organization_id
+                   WHERE m.user_id = $1 AND m.organization_id = $2 AND m.status = 'active'
+                     AND o.project_id = $3""",
+                s["user_id"], body.organization_id, s["project_id"],
+            )
+        if role is None:
+            raise NotAMember(details={"organization_id": body.organization_id})
+        row = await conn.fetchrow(
+            f"""UPDATE sessions SET organization_id = $2,
+                       access_expires_at = greatest(access_expires_at, to_timestamp($3))
+                WHERE id = $1 RETURNING {SESSION_COLUMNS}""",
+            s["id"], body.organization_id, iat + settings.access_token_ttl_seconds,
+        )
+        assert row is not None
+        if switch and previous != body.organization_id:
+            await audit.record(
+                conn, _user_actor(request, s["user_id"]), action="session.org_switched",
+                project_id=s["project_id"], target_type="session", target_id=s["id"],
+                user_id=s["user_id"],
+                description=f"Switched organization from {previous} to {body.organization_id}",
+                metadata={"from_organization_id": previous,
+                          "to_organization_id": body.organization_id, "role": role},
+            )
+        user = await _user(conn, s["user_id"])
+    g = await grant(tokens, settings, project_id=s["project_id"], session=_session_body(row, role),
+                    user=user, role=role, iat=iat, refresh_token=None)
+    return grant_response(request, g)
+
+
+def _user_actor(request: web.Request, user_id: str) -> audit.Actor:
+    return audit.actor_from_request(request, actor_type="user", actor_id=user_id)
+
+
+async def post_select_org(request: web.Request) -> web.Response:
+    return await _org_change(request, switch=False)
+
+
+async def post_switch_org(request: web.Request) -> web.Response:
+    return await _org_change(request, switch=True)
+
+
+class RefreshBody(RequestModel):
+    refresh_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Rotated:
+    session: dict[str, Any]
+    user: dict[str, Any]
+    project_id: str
+    role: str | None
+    refresh_token: str
+
+
+async def refresh(conn: asyncpg.Connection, settings: Settings, request: web.Request,
+                  token: str, iat: int) -> _Rotated | Revoked:
+    """Rotate ``token``; returns the new state, or the Revoked session when ``token`` was a
+    rotated one presented again (the revocation is committed; the caller raises NoSession).
+
+    A rotated token is forgiven (rotated again) while its first use (or, never presented, its
+    replacement) is less than the grace period ago and no newer generation has been presented
+    since: the client retrying after a lost response, or two requests racing. Anything else
+    rotated means two parties hold the session's tokens.
+    Raises NoSession for an unknown token or an inactive session.
+    """
+    digest = hash_refresh_token(token)
+    async with conn.transaction():
+        # Lock the session first; the token's state is read after, in a fresh snapshot, so
+        # concurrent refreshes of one session are serialised and each sees the last one's work.
+        session = await conn.fetchrow(
+            """SELECT id, project_id, user_id, organization_id, status,
+                      now() > expires_at AS expired, access_expires_at
+               FROM sessions
+               WHERE id = (SELECT session_id FROM refresh_tokens WHERE token_hash = $1)
+               FOR UPDATE""", digest,
+        )
+        if session is None:
+            raise NoSession("Unknown refresh token.", details={"reason": "unknown_refresh_token"})
+        if session["status"] != "active":
+            raise NoSession("The session was revoked.", details={"reason": "session_revoked"})
+        if session["expired"]:
+            raise NoSession("The session expired.", details={"reason": "session_expired"})
+        sid = session["id"]
+        state = await conn.fetchrow(
+            """SELECT t.generation, t.rotated_at IS NOT NULL AS rotated,
+                      coalesce(t.used_at, t.rotated_at) > now() - $3::interval AS in_grace,
+                      (SELECT max(generation) FROM refresh_tokens WHERE session_id = $2) AS latest,
+                      EXISTS (SELECT 1 FROM refresh_tokens n WHERE n.session_id = $2
+                              AND n.generation > t.generation AND n.used_at IS NOT NULL)
+                        AS successor_used
+               FROM refresh_tokens t WHERE t.token_hash = $1""",
+            digest, sid, timedelta(seconds=settings.refresh_reuse_grace_seconds),
+        )
+        assert state is not None
+        if state["rotated"] and (not state["in_grace"] or state["successor_used"]):
+            await conn.execute(
+                """UPDATE sessions SET status = 'revoked', revoked_at = now(),
+                          revoke_reason = 'refresh_token_reused' WHERE id = $1""", sid,
+            )
+            await audit.record(
+                conn, _user_actor(request, session["user_id"]), action="session.revoked",
+                project_id=session["project_id"], target_type="session", target_id=sid,
+                user_id=session["user_id"],
+                description="Revoked the session: a rotated refresh token was presented again",
+                metadata={"reason": "refresh_token_reused", "generation": state["generation"],
+                          "latest_generation": state["latest"]},
+            )
+            return _revoked(sid, session["access_expires_at"])
+        new_token, new_digest = new_refresh_token()
+        org_id = session["organization_id"]
+        row = await conn.fetchrow(
+            # One UPDATE marks the presented token used and the current one superseded: two
+            # data-modifying CTEs must not touch the same row.
+            f"""WITH rotated AS (
+                    UPDATE refresh_tokens SET rotated_at = coalesce(rotated_at, now()),
+                           used_at = CASE WHEN token_hash = $2 THEN coalesce(used_at, now())
+                                          ELSE used_at END
+                    WHERE session_id = $1 AND (rotated_at IS NULL OR token_hash = $2)
+                ), issued AS (
+                    INSERT INTO refresh_tokens (token_hash, session_id, generation)
+                    VALUES ($3, $1, $4)
+                ), role AS (
+                    SELECT role FROM memberships
+                    WHERE user_id = $5 AND organization_id = $6 AND status = 'active'
+                )
+                UPDATE sessions SET last_refreshed_at = now(),
+                       organization_id = CASE WHEN EXISTS (SELECT 1 FROM role) THEN $6 END,
+                       access_expires_at = greatest(access_expires_at, to_timestamp($7))
+                WHERE id = $1
+                RETURNING {SESSION_COLUMNS}, (SELECT role FROM role) AS role""",
+            sid, digest, new_digest, state["latest"] + 1, session["user_id"], org_id,
+            iat + settings.access_token_ttl_seconds,
+        )
+        assert row is not None
+        srow = dict(row)
+        role = srow.pop("role")  # None: suspended or removed since, the org context is dropped
+        user = await _user(conn, session["user_id"])
+    return _Rotated(_session_body(srow, role), user, session["project_id"], role, new_token)
+
+
+async def post_refresh(request: web.Request) -> web.Response:
+    data = await read_json(request) if request.body_exists else {}
+    if not data.get("refresh_token"):
+        raise NoSession('Send the refresh token as {"refresh_token": "rt_..."}.',
+                        details={"reason": "missing"})
+    body = parse_model(RefreshBody, data)
+    settings = request.app[SETTINGS]
+    iat = int(time.time())
+    async with request.app[PG_POOL].acquire() as conn:
+        result = await refresh(conn, settings, request, body.refresh_token, iat)
+    if isinstance(result, Revoked):
+        await publish_revocations(request.app[REDIS], settings, [result])
+        raise NoSession("This refresh token was already used; the session has been revoked.",
+                        details={"reason": "refresh_token_reused"})
+    g = await grant(request.app[TOKENS], settings, project_id=result.project_id,
+                    session=result.session, user=result.user, role=result.role, iat=iat,
+                    refresh_token=result.refresh_token)
+    return grant_response(request, g)
+
+
+async def post_revoke(request: web.Request) -> web.Response:
+    async with request.app[PG_POOL].acquire() as conn, conn.transaction():
+        cur = await current_session(request, conn, for_update=True)
+        s = cur.session
+        row = await conn.fetchrow(
+            f"""UPDATE sessions SET status = 'revoked', revoked_at = now(), revoke_reason = 'revoked'
+                WHERE id = $1 RETURNING {SESSION_COLUMNS}, access_expires_at""", s["id"],
+        )
+        assert row is not None
+        await audit.record(
+            conn, _user_actor(request, s["user_id"]), action="session.revoked",
+            project_id=s["project_id"], target_type="session", target_id=s["id"],
+            user_id=s["user_id"], description="Revoked the session",
+            metadata={"reason": "revoked", "organization_id": s["organization_id"]},
+        )
+    await publish_revocations(request.app[REDIS], request.app[SETTINGS],
+                              [_revoked(s["id"], row["access_expires_at"])])
+    session = dict(row)
+    del session["access_expires_at"]
+    response = json_response(request, {"session": _session_body(session, None), "revoked": True})
+    response.del_cookie(COOKIE, path="/")
+    return response
+
+
+async def get_me(request: web.Request) -> web.Response:
+    async with request.app[PG_POOL].acquire() as conn:
+        cur = await current_session(request, conn)
+        s = cur.session
+        user = await _user(conn, s["user_id"])
+        role = await _active_role(conn, s["user_id"], s["organization_id"]) if s["organization_id"] else None
+    del s["project_id"]
+    return json_response(request, {"session": _session_body(s, role), "user": user})
+
+
+def setup(app: web.Application) -> None:
+    r = app.router
+    r.add_post("/v1/sessions/select-org", post_select_org)
+    r.add_post("/v1/sessions/switch-org", post_switch_org)
+    r.add_post("/v1/sessions/refresh", post_refresh)
+    r.add_post("/v1/sessions/revoke", post_revoke)
+    r.add_get("/v1/sessions/me", get_me)
+

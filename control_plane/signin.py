@@ -1,0 +1,295 @@
+"""Magic-link sign-in endpoints (SPEC.md 3, 4, 5, 7; issue 4).
+
+* ``POST /v1/auth/magic-link/send`` ``{"destination"}`` queues a sign-in link.
+* ``GET /v1/auth/magic-link/verify?project_id=&token=`` is the landing page the link opens: a
+  button, never a redemption, because mail scanners follow links.
+* ``POST /v1/auth/magic-link/verify`` ``{"token"}`` redeems it: a sign-in (session envelope and
+  ``service_session`` cookie).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Final
+
+import asyncpg
+from aiohttp import web
+from pydantic import StringConstraints
+
+from common.appkeys import PG_POOL, SETTINGS
+from common.errors import ServiceError, TokenConsumed, TokenExpired, TokenInvalidOrExpired
+from common.http import RequestModel, client_ip, json_response, parse_body
+from common.ids import new_id
+from common.settings import Settings
+from control_plane import audit, invitations, sessions, users
+from control_plane.appkeys import KMS, TOKENS
+from control_plane.destinations import Channel, classify_destination
+from control_plane.magic_links import VERIFY_PATH, hash_token, issue_link
+from control_plane.public_project import HEADER as PROJECT_HEADER
+from control_plane.public_project import resolve_project
+from control_plane.ratelimit import RateLimit, RateLimits
+
+
+class SendBody(RequestModel):
+    destination: Annotated[str, StringConstraints(max_length=320)]
+
+
+class VerifyBody(RequestModel):
+    token: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+
+
+async def _user_by_destination(
+    conn: asyncpg.Connection, project_id: str, channel: Channel, destination: str
+) -> asyncpg.Record | None:
+    if channel == "email":
+        return await conn.fetchrow(
+            f"SELECT {users.USER_COLUMNS} FROM users WHERE project_id = $1 AND lower(email) = lower($2)",
+            project_id, destination,
+        )
+    return await conn.fetchrow(
+        f"SELECT {users.USER_COLUMNS} FROM users WHERE project_id = $1 AND phone_number = $2",
+        project_id, destination,
+    )
+
+
+async def post_send(request: web.Request) -> web.Response:
+    """``POST /v1/auth/magic-link/send`` ``{"destination"}``: queue a sign-in link.
+
+    The answer is the same whether or not a user has that destination (no enumeration); a user
+    who does not exist yet is created when the link is redeemed. Limited per destination (per
+    project) and per client IP (``rate_limited``, 429, ``Retry-After``). Raises
+    InvalidDestination (400), InvalidEmail (422), ProjectNotFound, RateLimited.
+    """
+    project_id = await resolve_project(request)
+    body = await parse_body(request, SendBody)
+    channel, destination = classify_destination(body.destination)
+    app, settings = request.app, request.app[SETTINGS]
+    ip = client_ip(request, settings.trusted_proxy_networks)
+    limits = app[MAGIC_LINK_LIMITS]
+    if ip:
+        await limits.per_ip.hit(ip)
+    await limits.per_destination.hit(f"{project_id}:{destination.lower()}")
+    async with app[PG_POOL].acquire() as conn, conn.transaction():
+        user = await _user_by_destination(conn, project_id, channel, destination)
+        await issue_link(
+            conn, app[KMS], settings, project_id=project_id, purpose="signin", channel=channel,
+            destination=destination, ttl_seconds=settings.magic_link_ttl_seconds,
+            user_id=user["id"] if user else None,
+        )
+    return json_response(request, {"sent": True, "channel": channel,
+                                   "expires_in": settings.magic_link_ttl_seconds})
+
+
+def _device(request: web.Request) -> dict[str, Any]:
+    """What the client says about its device: the User-Agent and the User-Agent Client Hints
+    (RFC 8942) it sent, verbatim; the risk engine scores these."""
+    h = request.headers
+    hints = {"platform": h.get("Sec-CH-UA-Platform"), "mobile": h.get("Sec-CH-UA-Mobile"),
+             "brands": h.get("Sec-CH-UA")}
+    return {"user_agent": h.get("User-Agent"), **{k: v for k, v in hints.items() if v}}
+
+
+@dataclass(frozen=True, slots=True)
+class SignIn:
+    project_id: str
+    session: dict[str, Any]
+    user: dict[str, Any]
+    role: str | None
+    refresh_token: str
+
+
+_FAILURES: Final = {"consumed": TokenConsumed, "expired": TokenExpired}
+
+
+async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat: int) -> SignIn:
+    """Consume ``token`` and sign its owner in, in one transaction: the user (created on first
+    sign-in, destination marked verified), an invitation's membership, the session, and
+    ``auth.signin_attempt``. A refused token records a failed attempt (when its project is
+    known) and raises TokenConsumed, TokenExpired or TokenInvalidOrExpired (410), or
+    InvitationNotPending (409) for an invitation revoked or expired since."""
+    settings = request.app[SETTINGS]
+    named = request.query.get("project_id") or request.headers.get(PROJECT_HEADER)
+    actor = audit.actor_from_request(request, actor_type="user")
+    attempt = {"method": "magic_link", "device": _device(request), "ip": actor.ip,
+               "user_agent": actor.user_agent}
+    digest = hash_token(token)
+    failure: ServiceError | None = None
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            """UPDATE magic_link_tokens SET consumed_at = now()
+               WHERE token_hash = $1 AND consumed_at IS NULL AND expires_at > now()
+                 AND ($2::text IS NULL OR project_id = $2)
+               RETURNING project_id, purpose, channel, destination, user_id, invitation_id""",
+            digest, named,
+        )
+        if row is None:
+            known = await conn.fetchrow(
+                """SELECT project_id, user_id, purpose, channel,
+                          CASE WHEN consumed_at IS NOT NULL THEN 'consumed'
+                               WHEN expires_at <= now() THEN 'expired' END AS state
+                   FROM magic_link_tokens WHERE token_hash = $1""", digest,
+            )
+            if known is None or (named and known["project_id"] != named):
+                raise TokenInvalidOrExpired()
+            failure = _FAILURES[known["state"]]()
+            await audit.record(
+                conn, replace(actor, id=known["user_id"]), action="auth.signin_attempt",
+                project_id=known["project_id"], target_type="user", target_id=known["user_id"],
+                user_id=known["user_id"], description=f"Magic-link sign-in refused: {failure.code}",
+                metadata={**attempt, "outcome": "failure", "reason": failure.code,
+                          "channel": known["channel"], "purpose": known["purpose"]},
+            )
+        else:
+            return await _sign_in(request, conn, settings, row, actor, attempt, iat)
+    assert failure is not None
+    raise failure
+
+
+async def _sign_in(
+    request: web.Request, conn: asyncpg.Connection, settings: Settings, token: asyncpg.Record,
+    actor: audit.Actor, attempt: dict[str, Any], iat: int,
+) -> SignIn:
+    project_id, channel, destination = token["project_id"], token["channel"], token["destination"]
+    user = await _user_by_destination(conn, project_id, channel, destination)
+    if token["user_id"] is not None and (user is None or user["id"] != token["user_id"]):
+        # The user's address changed since the link was sent: it no longer proves control.
+        raise TokenInvalidOrExpired()
+    if user is None:
+        user = await conn.fetchrow(
+            f"""INSERT INTO users (id, project_id, email, email_verified, phone_number, phone_verified)
+                VALUES ($1, $2, $3, $4, $5, $6) RETURNING {users.USER_COLUMNS}""",
+            new_id("user"), project_id, destination if channel == "email" else None,
+            channel == "email", destination if channel == "sms" else None, channel == "sms",
+        )
+        assert user is not None
+        await audit.record(
+            conn, replace(actor, id=user["id"]), action="user.created", project_id=project_id,
+            target_type="user", target_id=user["id"], user_id=user["id"],
+            description=f"Created user on first sign-in by {channel}",
+            metadata={"source": "magic_link", "channel": channel},
+        )
+    user = await conn.fetchrow(
+        f"""UPDATE users SET last_sign_in_at = now(),
+                   email_verified = email_verified OR $2, phone_verified = phone_verified OR $3
+            WHERE id = $1 RETURNING {users.USER_COLUMNS}""",
+        user["id"], channel == "email", channel == "sms",
+    )
+    assert user is not None
+    actor = replace(actor, id=user["id"])
+    organization_id = None
+    if token["purpose"] == "invitation":
+        membership = await invitations.accept(
+            conn, actor, project_id=project_id, invitation_id=token["invitation_id"],
+            user_id=user["id"],
+        )
+        organization_id = membership["organization_id"]
+    session, role, refresh_token = await sessions.start_session(
+        conn, settings, project_id=project_id, user_id=user["id"], auth_method="magic_link",
+        ip=actor.ip, user_agent=actor.user_agent, iat=iat, organization_id=organization_id,
+    )
+    await audit.record(
+        conn, actor, action="auth.signin_attempt", project_id=project_id, target_type="session",
+        target_id=session["id"], user_id=user["id"], description="Signed in by magic link",
+        metadata={**attempt, "outcome": "success", "channel": channel,
+                  "purpose": token["purpose"], "session_id": session["id"],
+                  "organization_id": session["organization_id"]},
+    )
+    return SignIn(project_id, session, dict(user), role, refresh_token)
+
+
+async def post_verify(request: web.Request) -> web.Response:
+    """``POST /v1/auth/magic-link/verify`` ``{"token"}``: redeem a link and sign in (SPEC.md 3:
+    the session envelope and the ``service_session`` cookie)."""
+    body = await parse_body(request, VerifyBody)
+    iat = int(time.time())
+    async with request.app[PG_POOL].acquire() as conn:
+        s = await redeem(request, conn, body.token, iat)
+    g = await sessions.grant(request.app[TOKENS], request.app[SETTINGS], project_id=s.project_id,
+                             session=s.session, user=s.user, role=s.role, iat=iat,
+                             refresh_token=s.refresh_token)
+    return sessions.grant_response(request, g)
+
+
+_LANDING: Final = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<title>Sign in</title>
+<style nonce="{nonce}">
+body {{ font-family: system-ui, sans-serif; max-width: 28rem; margin: 4rem auto; padding: 0 1rem; }}
+button {{ font-size: 1.1rem; padding: .6rem 1.4rem; cursor: pointer; }}
+</style></head>
+<body><main>
+<h1>Sign in</h1>
+<p id="status">Press the button to finish signing in.</p>
+<button id="signin" type="button">Sign in</button>
+</main>
+<script nonce="{nonce}">
+document.getElementById("signin").addEventListener("click", async (event) => {{
+  const button = event.currentTarget, status = document.getElementById("status");
+  const params = new URLSearchParams(window.location.search);
+  button.disabled = true;
+  status.textContent = "Signing in…";
+  try {{
+    const response = await fetch(window.location.pathname + "?" + new URLSearchParams(
+        {{project_id: params.get("project_id") || ""}}), {{
+      method: "POST", credentials: "same-origin",
+      headers: {{"Content-Type": "application/json"}},
+      body: JSON.stringify({{token: params.get("token") || ""}}),
+    }});
+    const body = await response.json();
+    if (response.ok) {{
+      status.textContent = "You are signed in" + (body.user.email ? " as " + body.user.email : "") + ".";
+      button.hidden = true;
+    }} else {{
+      status.textContent = body.error.message;
+    }}
+  }} catch (err) {{
+    status.textContent = "Could not reach the server; try again.";
+    button.disabled = false;
+  }}
+}});
+</script></body></html>
+"""
+
+
+async def get_landing(request: web.Request) -> web.Response:
+    """``GET /v1/auth/magic-link/verify``: a page with a button that redeems the link. It never
+    consumes the token itself: mail scanners fetch links, people press buttons."""
+    nonce = secrets.token_urlsafe(16)
+    return web.Response(
+        text=_LANDING.format(nonce=nonce), content_type="text/html",
+        headers={
+            "Cache-Control": "no-store",
+            "Referrer-Policy": "no-referrer",  # the URL holds the token
+            "Content-Security-Policy": (
+                f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+            ),
+            "X-Content-Type-Options": "nosniff",
+        },
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MagicLinkLimits:
+    per_destination: RateLimit
+    per_ip: RateLimit
+
+
+MAGIC_LINK_LIMITS: Final = web.AppKey("magic_link_limits", MagicLinkLimits)
+
+
+def setup(app: web.Application) -> None:
+    settings = app[SETTINGS]
+    limits = RateLimits(settings.redis_url, settings.redis_prefix)
+    app[MAGIC_LINK_LIMITS] = MagicLinkLimits(
+        per_destination=limits.limit("magic_link_destination",
+                                     settings.magic_link_rate_per_destination),
+        per_ip=limits.limit("magic_link_ip", settings.magic_link_rate_per_ip),
+    )
+    app.router.add_post("/v1/auth/magic-link/send", post_send)
+    app.router.add_post(VERIFY_PATH, post_verify)
+    app.router.add_get(VERIFY_PATH, get_landing, allow_head=False)
