@@ -823,6 +823,7 @@ async def _statement_logging(db_url: str, on: bool) -> str:
         db = BENCH_DB_NAME[0]
         if not on:
             await conn.execute(f'ALTER DATABASE "{db}" RESET log_statement')
+            await conn.execute(f'ALTER DATABASE "{db}" RESET log_duration')
             return ""
         try:
             await conn.fetchval("SELECT count(*) FROM pg_stat_statements")
@@ -830,6 +831,7 @@ async def _statement_logging(db_url: str, on: bool) -> str:
         except asyncpg.PostgresError:
             note = "pg_stat_statements is not loaded (shared_preload_libraries): counted from the log"
         await conn.execute(f"ALTER DATABASE \"{db}\" SET log_statement = 'all'")
+        await conn.execute(f"ALTER DATABASE \"{db}\" SET log_duration = on")
         return note
     finally:
         await conn.close()
@@ -860,24 +862,51 @@ async def _sequential_ops(url: str, db_url: str, project_id: str, tag: str, k: i
     return spans, len(refresh)
 
 
-_STMT: Final = re.compile(r"\[(\d+)\] \S+@(\S+) LOG:  (?:statement|execute [^:]*): (.*)$")
+_LOG_LINE: Final = re.compile(r"\[(\d+)\] \S+@(\S+) LOG:  (statement|execute [^:]*|duration): (.*)$")
 
 
 def parse_statement_log(path: Path, start: int, end: int, dbname: str, ops: int) -> dict[str, Any]:
-    """Statements logged for ``dbname`` between byte offsets, grouped by their first words."""
+    """Statements logged for ``dbname`` between byte offsets, grouped by text, with the time
+    PostgreSQL spent on each (``log_duration``: parse and bind durations come before an
+    ``execute`` line, the execute duration right after it; a simple query's right after)."""
     with open(path, "rb") as f:
         f.seek(start)
         text = f.read(end - start).decode(errors="replace")
-    stmts: list[str] = []
+    stmts: list[list[Any]] = []  # [sql, ms]
+    pending: dict[str, float] = {}  # pid -> parse/bind time of the statement to come
+    awaiting: dict[str, list[Any]] = {}  # pid -> statement whose own duration comes next
+    last: list[Any] | None = None
     for line in text.splitlines():
-        m = _STMT.search(line)
-        if m and m.group(2) == dbname:
-            stmts.append(m.group(3))
-        elif stmts and line.startswith("\t") and len(stmts[-1]) < 400:
-            stmts[-1] += " " + line.strip()
-    groups: Counter[str] = Counter(_normalise(s) for s in stmts)
-    return {"statements": len(stmts), "per_operation": round(len(stmts) / max(1, ops), 2),
-            "by_statement": [(s, round(n / max(1, ops), 2)) for s, n in groups.most_common()]}
+        m = _LOG_LINE.search(line)
+        if m is None:
+            if last is not None and line.startswith("\t") and len(last[0]) < 400:
+                last[0] += " " + line.strip()
+            continue
+        last = None
+        pid, db, what, rest = m.groups()
+        if db != dbname:
+            continue
+        if what == "duration":
+            ms = float(rest.split()[0])
+            if pid in awaiting:
+                awaiting.pop(pid)[1] += ms
+            else:
+                pending[pid] = pending.get(pid, 0.0) + ms
+            continue
+        last = [rest, pending.pop(pid, 0.0)]
+        stmts.append(last)
+        awaiting[pid] = last
+    count: Counter[str] = Counter()
+    time_ms: Counter[str] = Counter()
+    for sql, ms in stmts:
+        key = _normalise(sql)
+        count[key] += 1
+        time_ms[key] += ms
+    n = max(1, ops)
+    return {"statements": len(stmts), "per_operation": round(len(stmts) / n, 2),
+            "db_ms_per_operation": round(sum(time_ms.values()) / n, 3),
+            "by_statement": [(sql, round(c / n, 2), round(time_ms[sql] / n, 3))
+                             for sql, c in count.most_common()]}
 
 
 def _normalise(sql: str) -> str:
@@ -958,9 +987,10 @@ def print_statements(st: dict[str, Any], out: Any) -> None:
         return
     for name in ("signin", "refresh"):
         s = st[name]
-        print(f"  {name}: {s['per_operation']} statements per request", file=out)
-        for sql, n in s["by_statement"]:
-            print(f"    {n:5.2f}  {sql}", file=out)
+        print(f"  {name}: {s['per_operation']} statements, {s['db_ms_per_operation']:.3f} ms in "
+              "PostgreSQL (parse+bind+execute, log_duration) per request; count, ms:", file=out)
+        for sql, n, ms in s["by_statement"]:
+            print(f"    {n:5.2f} {ms:6.3f}  {sql}", file=out)
 
 
 # --------------------------------------------------------------------------- main

@@ -16,8 +16,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.conftest import Api, Project, Response, assert_error
-from tests.identity import latest_link, link_in, messages_to, token_of, verify
+from tests.conftest import Api, Project, Response, assert_error, mailbox_messages
+from tests.identity import latest_link, link_in, token_of, verify
 from tests.test_memberships import add_ok, patch
 from tests.test_organizations import create_org
 from tests.test_users import ULID, create_user, email, events, messages, scoped, ts
@@ -78,7 +78,7 @@ async def test_create_queues_the_link_and_records_the_event(
     e = created[0]
     assert (e["target_type"], e["target_id"], e["user_id"]) == ("invitation", inv["id"], None)
     assert e["metadata"]["organization_id"] == org["id"] and e["metadata"]["role"] == "admin"
-    mail = await messages_to(project, inv["email"])
+    mail = await mailbox_messages(project.api, inv["email"])
     assert "Initech" in mail[0]["subject"] + mail[0]["text"]
     assert mail[0]["kind"] == "invitation"
 
@@ -274,7 +274,7 @@ async def test_link_keeps_an_existing_membership(project: Project, db: asyncpg.P
     m = await add_ok(project.api, org["id"], user["id"], role="owner")
     assert (await patch(project.api, org["id"], m["id"], {"status": "suspended"})).status == 200
     inv = await invite_ok(project.api, org["id"], user["email"], role="member")
-    mails = await messages_to(project, user["email"], count=2)
+    mails = await mailbox_messages(project.api, user["email"], count=2)
     invitation_mail = next(x for x in mails if x["kind"] == "invitation")
     r = await verify(project.api, project, token_of(link_in(invitation_mail["text"])))
     assert r.status == 200, r.body
