@@ -62,6 +62,7 @@ from tests.conftest import (
     serving,
     start_app,
 )
+from tests.identity import link_in, token_of
 
 KMS = LocalKms(decode_kek(KMS_KEY))
 LINK = "https://app.example.test/v1/auth/magic-link/verify?project_id=p&token="
@@ -733,3 +734,48 @@ async def test_console_sink_prints_links_and_warns_off_localhost(
     warnings = [orjson.loads(line) for line in served.stderr if "console message sink" in line]
     assert warnings and warnings[0]["level"] == "WARNING"
     assert "https://auth.example.com" in warnings[0]["message"]
+
+
+# --- end to end: the sign-in link travels by SMTP and by SMS, and works ------------------------
+
+
+async def test_magic_link_arrives_by_smtp_and_signs_in(
+    http: ClientSession, outbox_settings: Callable[..., Settings],
+) -> None:
+    sink = SmtpSink()
+    async with smtp_server(sink) as port, delivering(http, outbox_settings(**smtp_settings(port))) as project:
+        to = unique("ada").replace(".test", ".com")  # .test is a special-use domain: invalid_email
+        r = await project.api.post(f"/v1/auth/magic-link/send?project_id={project.id}",
+                                   {"destination": to}, key=None)
+        assert r.status == 200, r.body
+        [got] = await sink.wait_for(to)
+        plain = got.message.get_body(("plain",))
+        assert plain is not None
+        the_link = link_in(plain.get_content())
+        assert got.message["Subject"] == "Your sign-in link for outbox"
+        v = await project.api.post(f"/v1/auth/magic-link/verify?project_id={project.id}",
+                                   {"token": token_of(the_link)}, key=None)
+        assert v.status == 200, v.body
+        assert v.body["user"]["email"] == to and v.body["access_token"]
+
+
+async def test_magic_link_arrives_by_sms_and_signs_in(
+    http: ClientSession, outbox_settings: Callable[..., Settings],
+) -> None:
+    number = phone()
+    async with twilio(lambda form, n: 201) as (receiver, url), delivering(
+        http, outbox_settings(**twilio_settings(url)),
+    ) as project:
+        r = await project.api.post(f"/v1/auth/magic-link/send?project_id={project.id}",
+                                   {"destination": number}, key=None)
+        assert r.status == 200 and r.body["channel"] == "sms", r.body
+
+        async def arrived() -> list[TwilioCall]:
+            return receiver.to(number)
+
+        [call] = await eventually(arrived, what=f"an SMS to {number}")
+        assert call.form["From"] == FROM_NUMBER and len(call.form["Body"]) < 320
+        v = await project.api.post(f"/v1/auth/magic-link/verify?project_id={project.id}",
+                                   {"token": token_of(link_in(call.form["Body"]))}, key=None)
+        assert v.status == 200, v.body
+        assert v.body["user"]["phone_number"] == number
