@@ -44,6 +44,13 @@ def generate_secret(prefix: str) -> str:
     return prefix + "".join(out)
 
 
+def token_digest(token: str) -> bytes:
+    """SHA-256 of a bearer token as stored (``magic_link_tokens``, ``refresh_tokens``): the
+    plaintext exists only with its holder. Characters that are not UTF-8 (aiohttp keeps them as
+    surrogate escapes) hash like any other instead of failing."""
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
 def hash_secret(secret: str) -> str:
     """SHA-256 hex digest of the plaintext key, as stored in ``api_keys.secret_hash``."""
     return hashlib.sha256(secret.encode()).hexdigest()

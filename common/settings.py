@@ -128,6 +128,9 @@ class Settings(BaseSettings):
         30.0, validation_alias=_env("SERVICE_SMTP_TIMEOUT_SECONDS")
     )
     sms_sink: Literal["console", "twilio"] = Field("console", validation_alias=_env("SERVICE_SMS_SINK"))
+    # GET /v1/dev/mailbox lists what a console sink printed, live sign-in links included. Unset:
+    # served only while the base URL is local (make run); true/false force it either way.
+    dev_mailbox: bool | None = Field(None, validation_alias=_env("SERVICE_DEV_MAILBOX"))
     twilio_account_sid: str | None = Field(None, validation_alias=_env("SERVICE_TWILIO_ACCOUNT_SID"))
     twilio_auth_token: SecretStr | None = Field(None, validation_alias=_env("SERVICE_TWILIO_AUTH_TOKEN"))
     twilio_from: str | None = Field(None, validation_alias=_env("SERVICE_TWILIO_FROM"))
@@ -296,6 +299,25 @@ class Settings(BaseSettings):
     def public_base_url(self) -> str:
         """The ``iss`` and link base: ``SERVICE_BASE_URL`` or ``http://localhost:<PORT>``."""
         return (self.base_url or f"http://localhost:{self.port}").rstrip("/")
+
+    @property
+    def base_url_is_local(self) -> bool:
+        """Whether ``public_base_url`` names this machine: ``localhost``, ``*.localhost``
+        (RFC 6761 6.3) or a loopback address. Local development, not a deployment."""
+        host = (urlsplit(self.public_base_url).hostname or "").lower()
+        if host == "localhost" or host.endswith(".localhost"):
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    @property
+    def serves_dev_mailbox(self) -> bool:
+        """``GET /v1/dev/mailbox`` is served: a console sink is configured and either
+        ``SERVICE_DEV_MAILBOX=true`` or, unset, the base URL is local."""
+        console = self.email_sink == "console" or self.sms_sink == "console"
+        return console and (self.dev_mailbox if self.dev_mailbox is not None else self.base_url_is_local)
 
 
 def decode_kek(text: str) -> bytes:

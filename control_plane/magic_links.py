@@ -8,7 +8,6 @@ carries it; ``control_plane.signin`` redeems it.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from datetime import timedelta
 from typing import Final, Literal
@@ -16,6 +15,7 @@ from urllib.parse import urlencode
 
 import asyncpg
 
+from common.auth import token_digest
 from common.settings import Settings
 from control_plane import outbox
 from control_plane.destinations import Channel
@@ -23,11 +23,6 @@ from control_plane.kms import LocalKms
 
 Purpose = Literal["signin", "enrollment", "invitation"]
 VERIFY_PATH: Final = "/v1/auth/magic-link/verify"
-
-
-def hash_token(token: str) -> bytes:
-    """The stored form of a magic-link token: its SHA-256 digest."""
-    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
 def link_url(settings: Settings, project_id: str, token: str) -> str:
@@ -72,7 +67,7 @@ async def issue_link(
         """INSERT INTO magic_link_tokens (token_hash, project_id, purpose, channel, destination,
                                           user_id, invitation_id, expires_at)
            VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::interval)""",
-        hash_token(token), project_id, purpose, channel, destination, user_id, invitation_id,
+        token_digest(token), project_id, purpose, channel, destination, user_id, invitation_id,
         timedelta(seconds=ttl_seconds),
     )
     project = await conn.fetchval("SELECT name FROM projects WHERE id = $1", project_id)

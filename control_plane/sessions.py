@@ -32,7 +32,6 @@ revocation is also published on ``<prefix>session_revocations`` so engines can d
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 import time
@@ -46,13 +45,14 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from common.appkeys import PG_POOL, REDIS, SETTINGS
-from common.errors import NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
+from common.auth import token_digest
+from common.errors import InvalidRequest, NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
 from common.http import RequestModel, json_response, parse_body, parse_model, read_json
 from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane import audit, users  # users imports this module: attributes at call time
 from control_plane.appkeys import TOKENS
-from control_plane.tokens import AccessClaims, TokenService
+from control_plane.tokens import TokenService
 
 log = logging.getLogger("authio.sessions")
 
@@ -88,16 +88,28 @@ def _revoked(session_id: str, access_expires_at: datetime) -> Revoked:
     return Revoked(session_id, int(access_expires_at.timestamp()) + REVOCATION_LEEWAY_SECONDS)
 
 
+_REVOKE: Final = """UPDATE sessions SET status = 'revoked', revoked_at = now(), revoke_reason = $2
+WHERE {where} AND status = 'active' RETURNING {columns}, access_expires_at"""
+
+
+async def revoke_session(conn: asyncpg.Connection, session_id: str, *,
+                         reason: str) -> tuple[dict[str, Any], Revoked] | None:
+    """Mark the session revoked in ``conn``'s transaction: (its row, the Revoked to publish after
+    commit), or None when it was not active."""
+    row = await conn.fetchrow(_REVOKE.format(where="id = $1", columns=SESSION_COLUMNS),
+                              session_id, reason)
+    if row is None:
+        return None
+    session = dict(row)
+    return session, _revoked(session_id, session.pop("access_expires_at"))
+
+
 async def revoke_sessions_of_user(
     conn: asyncpg.Connection, *, user_id: str, reason: str
 ) -> list[Revoked]:
     """Mark every active session of ``user_id`` revoked, in ``conn``'s transaction; publish the
     result with ``publish_revocations`` after commit."""
-    rows = await conn.fetch(
-        """UPDATE sessions SET status = 'revoked', revoked_at = now(), revoke_reason = $2
-           WHERE user_id = $1 AND status = 'active' RETURNING id, access_expires_at""",
-        user_id, reason,
-    )
+    rows = await conn.fetch(_REVOKE.format(where="user_id = $1", columns="id"), user_id, reason)
     return [_revoked(r["id"], r["access_expires_at"]) for r in rows]
 
 
@@ -132,11 +144,7 @@ async def publish_revocations(redis: Redis, settings: Settings, revoked: Sequenc
 def new_refresh_token() -> tuple[str, bytes]:
     """(plaintext, stored SHA-256 digest) of a new opaque refresh token."""
     token = REFRESH_PREFIX + secrets.token_urlsafe(32)
-    return token, hash_refresh_token(token)
-
-
-def hash_refresh_token(token: str) -> bytes:
-    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+    return token, token_digest(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,14 +247,22 @@ def grant_response(request: web.Request, g: Grant, *, status: int = 200) -> web.
 
 
 def _secure_cookies(settings: Settings) -> bool:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(settings.public_base_url)
-    local = parts.hostname in ("localhost", "127.0.0.1", "::1")
-    return not (parts.scheme == "http" and local)
+    return not (settings.public_base_url.startswith("http://") and settings.base_url_is_local)
 
 
 # --- the current session (S endpoints) -----------------------------------------------------
+
+
+def require_json(request: web.Request) -> None:
+    """Endpoints that set the session cookie take JSON bodies only (login CSRF): a form on
+    another site can post text/plain, urlencoded or multipart bodies without a CORS preflight,
+    and the SameSite=Lax cookie would then be set by a top-level navigation; a JSON post from
+    another origin needs a preflight, which is never granted. Raises InvalidRequest."""
+    if request.content_type != "application/json":
+        raise InvalidRequest(
+            "Content-Type must be application/json.",
+            details={"fields": [{"field": "Content-Type", "message": "must be application/json"}]},
+        )
 
 
 def presented_access_token(request: web.Request) -> str | None:
@@ -258,15 +274,10 @@ def presented_access_token(request: web.Request) -> str | None:
     return request.cookies.get(COOKIE) or None
 
 
-@dataclass(frozen=True, slots=True)
-class Current:
-    claims: AccessClaims
-    session: dict[str, Any]
-
-
 async def current_session(request: web.Request, conn: asyncpg.Connection, *,
-                          for_update: bool = False) -> Current:
-    """The caller's active session. Raises NoSession."""
+                          for_update: bool = False) -> dict[str, Any]:
+    """The caller's active session (``SESSION_COLUMNS`` and ``project_id``), from the Bearer
+    access token or the cookie; ``for_update`` locks its row. Raises NoSession."""
     token = presented_access_token(request)
     if token is None:
         raise NoSession(details={"reason": "missing"})
@@ -284,7 +295,7 @@ async def current_session(request: web.Request, conn: asyncpg.Connection, *,
         raise NoSession("The session expired.", details={"reason": "session_expired"})
     session = dict(row)
     del session["expired"]
-    return Current(claims, session)
+    return session
 
 
 async def _user(conn: asyncpg.Connection, user_id: str) -> dict[str, Any]:
@@ -299,12 +310,12 @@ class OrgBody(RequestModel):
 
 
 async def _org_change(request: web.Request, *, switch: bool) -> web.Response:
-    body = await parse_body(request, OrgBody)
     settings, tokens = request.app[SETTINGS], request.app[TOKENS]
     iat = int(time.time())
     async with request.app[PG_POOL].acquire() as conn, conn.transaction():
-        cur = await current_session(request, conn, for_update=True)
-        s = cur.session
+        s = await current_session(request, conn, for_update=True)  # no_session comes first
+        require_json(request)
+        body = await parse_body(request, OrgBody)
         previous = s["organization_id"]
         if switch and previous is None:
             raise NoOrgSelected()
@@ -372,13 +383,14 @@ async def refresh(conn: asyncpg.Connection, settings: Settings, request: web.Req
     """Rotate ``token``; returns the new state, or the Revoked session when ``token`` was a
     rotated one presented again (the revocation is committed; the caller raises NoSession).
 
-    A rotated token is forgiven (rotated again) while its first use (or, never presented, its
-    replacement) is less than the grace period ago and no newer generation has been presented
-    since: the client retrying after a lost response, or two requests racing. Anything else
-    rotated means two parties hold the session's tokens.
+    A rotated token is forgiven (rotated again) only if the client presented it before, less than
+    the grace period ago, and no newer generation has been presented since: the client retrying
+    after a lost response, or its requests racing. A token that was superseded without ever
+    being presented, or one older than a presented successor, means two parties hold the
+    session's tokens.
     Raises NoSession for an unknown token or an inactive session.
     """
-    digest = hash_refresh_token(token)
+    digest = token_digest(token)
     async with conn.transaction():
         # Lock the session first; the token's state is read after, in a fresh snapshot, so
         # concurrent refreshes of one session are serialised and each sees the last one's work.
@@ -398,7 +410,7 @@ async def refresh(conn: asyncpg.Connection, settings: Settings, request: web.Req
         sid = session["id"]
         state = await conn.fetchrow(
             """SELECT t.generation, t.rotated_at IS NOT NULL AS rotated,
-                      coalesce(t.used_at, t.rotated_at) > now() - $3::interval AS in_grace,
+                      coalesce(t.used_at > now() - $3::interval, false) AS in_grace,
                       (SELECT max(generation) FROM refresh_tokens WHERE session_id = $2) AS latest,
                       EXISTS (SELECT 1 FROM refresh_tokens n WHERE n.session_id = $2
                               AND n.generation > t.generation AND n.used_at IS NOT NULL)
@@ -408,10 +420,8 @@ async def refresh(conn: asyncpg.Connection, settings: Settings, request: web.Req
         )
         assert state is not None
         if state["rotated"] and (not state["in_grace"] or state["successor_used"]):
-            await conn.execute(
-                """UPDATE sessions SET status = 'revoked', revoked_at = now(),
-                          revoke_reason = 'refresh_token_reused' WHERE id = $1""", sid,
-            )
+            revoked = await revoke_session(conn, sid, reason="refresh_token_reused")
+            assert revoked is not None  # locked and active above
             await audit.record(
                 conn, _user_actor(request, session["user_id"]), action="session.revoked",
                 project_id=session["project_id"], target_type="session", target_id=sid,
@@ -420,7 +430,7 @@ async def refresh(conn: asyncpg.Connection, settings: Settings, request: web.Req
                 metadata={"reason": "refresh_token_reused", "generation": state["generation"],
                           "latest_generation": state["latest"]},
             )
-            return _revoked(sid, session["access_expires_at"])
+            return revoked[1]
         new_token, new_digest = new_refresh_token()
         org_id = session["organization_id"]
         row = await conn.fetchrow(
@@ -458,6 +468,7 @@ async def post_refresh(request: web.Request) -> web.Response:
     if not data.get("refresh_token"):
         raise NoSession('Send the refresh token as {"refresh_token": "rt_..."}.',
                         details={"reason": "missing"})
+    require_json(request)
     body = parse_model(RefreshBody, data)
     settings = request.app[SETTINGS]
     iat = int(time.time())
@@ -475,23 +486,17 @@ async def post_refresh(request: web.Request) -> web.Response:
 
 async def post_revoke(request: web.Request) -> web.Response:
     async with request.app[PG_POOL].acquire() as conn, conn.transaction():
-        cur = await current_session(request, conn, for_update=True)
-        s = cur.session
-        row = await conn.fetchrow(
-            f"""UPDATE sessions SET status = 'revoked', revoked_at = now(), revoke_reason = 'revoked'
-                WHERE id = $1 RETURNING {SESSION_COLUMNS}, access_expires_at""", s["id"],
-        )
-        assert row is not None
+        s = await current_session(request, conn, for_update=True)
+        revoked = await revoke_session(conn, s["id"], reason="revoked")
+        assert revoked is not None  # locked and active above
         await audit.record(
             conn, _user_actor(request, s["user_id"]), action="session.revoked",
             project_id=s["project_id"], target_type="session", target_id=s["id"],
             user_id=s["user_id"], description="Revoked the session",
             metadata={"reason": "revoked", "organization_id": s["organization_id"]},
         )
-    await publish_revocations(request.app[REDIS], request.app[SETTINGS],
-                              [_revoked(s["id"], row["access_expires_at"])])
-    session = dict(row)
-    del session["access_expires_at"]
+    session, until = revoked
+    await publish_revocations(request.app[REDIS], request.app[SETTINGS], [until])
     response = json_response(request, {"session": _session_body(session, None), "revoked": True})
     response.del_cookie(COOKIE, path="/")
     return response
@@ -499,8 +504,7 @@ async def post_revoke(request: web.Request) -> web.Response:
 
 async def get_me(request: web.Request) -> web.Response:
     async with request.app[PG_POOL].acquire() as conn:
-        cur = await current_session(request, conn)
-        s = cur.session
+        s = await current_session(request, conn)
         user = await _user(conn, s["user_id"])
         role = await _active_role(conn, s["user_id"], s["organization_id"]) if s["organization_id"] else None
     del s["project_id"]

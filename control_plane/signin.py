@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -19,6 +20,7 @@ from aiohttp import web
 from pydantic import StringConstraints
 
 from common.appkeys import PG_POOL, SETTINGS
+from common.auth import token_digest
 from common.errors import ServiceError, TokenConsumed, TokenExpired, TokenInvalidOrExpired
 from common.http import RequestModel, client_ip, json_response, parse_body
 from common.ids import new_id
@@ -26,7 +28,7 @@ from common.settings import Settings
 from control_plane import audit, invitations, sessions, users
 from control_plane.appkeys import KMS, TOKENS
 from control_plane.destinations import Channel, classify_destination
-from control_plane.magic_links import VERIFY_PATH, hash_token, issue_link
+from control_plane.magic_links import VERIFY_PATH, issue_link
 from control_plane.public_project import HEADER as PROJECT_HEADER
 from control_plane.public_project import resolve_project
 from control_plane.ratelimit import RateLimit, RateLimits
@@ -54,6 +56,20 @@ async def _user_by_destination(
     )
 
 
+def client_bucket(ip: str) -> str:
+    """What a per-IP limit counts: the address, or for IPv6 its /64, which one subscriber
+    usually holds whole (RFC 6177) and could otherwise rotate through."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
 async def post_send(request: web.Request) -> web.Response:
     """``POST /v1/auth/magic-link/send`` ``{"destination"}``: queue a sign-in link.
 
@@ -69,7 +85,7 @@ async def post_send(request: web.Request) -> web.Response:
     ip = client_ip(request, settings.trusted_proxy_networks)
     limits = app[MAGIC_LINK_LIMITS]
     if ip:
-        await limits.per_ip.hit(ip)
+        await limits.per_ip.hit(client_bucket(ip))
     await limits.per_destination.hit(f"{project_id}:{destination.lower()}")
     async with app[PG_POOL].acquire() as conn, conn.transaction():
         user = await _user_by_destination(conn, project_id, channel, destination)
@@ -114,7 +130,7 @@ async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat
     actor = audit.actor_from_request(request, actor_type="user")
     attempt = {"method": "magic_link", "device": _device(request), "ip": actor.ip,
                "user_agent": actor.user_agent}
-    digest = hash_token(token)
+    digest = token_digest(token)
     failure: ServiceError | None = None
     async with conn.transaction():
         row = await conn.fetchrow(
@@ -132,19 +148,54 @@ async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat
                    FROM magic_link_tokens WHERE token_hash = $1""", digest,
             )
             if known is None or (named and known["project_id"] != named):
-                raise TokenInvalidOrExpired()
+                raise TokenInvalidOrExpired()  # no project of ours to record it in
             failure = _FAILURES[known["state"]]()
-            await audit.record(
-                conn, replace(actor, id=known["user_id"]), action="auth.signin_attempt",
-                project_id=known["project_id"], target_type="user", target_id=known["user_id"],
-                user_id=known["user_id"], description=f"Magic-link sign-in refused: {failure.code}",
-                metadata={**attempt, "outcome": "failure", "reason": failure.code,
-                          "channel": known["channel"], "purpose": known["purpose"]},
-            )
+            await _refused(conn, actor, attempt, known, failure)
         else:
-            return await _sign_in(request, conn, settings, row, actor, attempt, iat)
+            try:
+                async with conn.transaction():  # a savepoint: a refusal keeps the token used up
+                    return await _sign_in(request, conn, settings, row, actor, attempt, iat)
+            except ServiceError as err:
+                failure = err
+                await _refused(conn, actor, attempt, row, failure)
     assert failure is not None
     raise failure
+
+
+async def _refused(conn: asyncpg.Connection, actor: audit.Actor, attempt: dict[str, Any],
+                   token: asyncpg.Record, failure: ServiceError) -> None:
+    """``auth.signin_attempt`` with outcome ``failure`` for a refused link."""
+    await audit.record(
+        conn, replace(actor, id=token["user_id"]), action="auth.signin_attempt",
+        project_id=token["project_id"], target_type="user", target_id=token["user_id"],
+        user_id=token["user_id"], description=f"Magic-link sign-in refused: {failure.code}",
+        metadata={**attempt, "outcome": "failure", "reason": failure.code,
+                  "channel": token["channel"], "purpose": token["purpose"]},
+    )
+
+
+async def _create_user(conn: asyncpg.Connection, actor: audit.Actor, project_id: str,
+                       channel: Channel, destination: str) -> asyncpg.Record:
+    """The user a first sign-in by ``destination`` creates (verified: the link proved it), with
+    ``user.created``. Another request may be creating the same user at this moment (a second
+    link, POST /v1/users): the unique index decides, and the loser reads the winner's row."""
+    user = await conn.fetchrow(
+        f"""INSERT INTO users (id, project_id, email, email_verified, phone_number, phone_verified)
+            VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING {users.USER_COLUMNS}""",
+        new_id("user"), project_id, destination if channel == "email" else None,
+        channel == "email", destination if channel == "sms" else None, channel == "sms",
+    )
+    if user is None:
+        user = await _user_by_destination(conn, project_id, channel, destination)
+        assert user is not None
+        return user
+    await audit.record(
+        conn, replace(actor, id=user["id"]), action="user.created", project_id=project_id,
+        target_type="user", target_id=user["id"], user_id=user["id"],
+        description=f"Created user on first sign-in by {channel}",
+        metadata={"source": "magic_link", "channel": channel},
+    )
+    return user
 
 
 async def _sign_in(
@@ -157,19 +208,7 @@ async def _sign_in(
         # The user's address changed since the link was sent: it no longer proves control.
         raise TokenInvalidOrExpired()
     if user is None:
-        user = await conn.fetchrow(
-            f"""INSERT INTO users (id, project_id, email, email_verified, phone_number, phone_verified)
-                VALUES ($1, $2, $3, $4, $5, $6) RETURNING {users.USER_COLUMNS}""",
-            new_id("user"), project_id, destination if channel == "email" else None,
-            channel == "email", destination if channel == "sms" else None, channel == "sms",
-        )
-        assert user is not None
-        await audit.record(
-            conn, replace(actor, id=user["id"]), action="user.created", project_id=project_id,
-            target_type="user", target_id=user["id"], user_id=user["id"],
-            description=f"Created user on first sign-in by {channel}",
-            metadata={"source": "magic_link", "channel": channel},
-        )
+        user = await _create_user(conn, actor, project_id, channel, destination)
     user = await conn.fetchrow(
         f"""UPDATE users SET last_sign_in_at = now(),
                    email_verified = email_verified OR $2, phone_verified = phone_verified OR $3
@@ -202,6 +241,7 @@ async def _sign_in(
 async def post_verify(request: web.Request) -> web.Response:
     """``POST /v1/auth/magic-link/verify`` ``{"token"}``: redeem a link and sign in (SPEC.md 3:
     the session envelope and the ``service_session`` cookie)."""
+    sessions.require_json(request)
     body = await parse_body(request, VerifyBody)
     iat = int(time.time())
     async with request.app[PG_POOL].acquire() as conn:

@@ -6,6 +6,7 @@ developer reads them; SMTP and SMS delivery are proven in test_outbox.py.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Callable
 from typing import Any
@@ -17,8 +18,8 @@ from aiohttp import ClientSession
 from jwcrypto import jwk, jwt
 
 from common.settings import Settings
-from tests.conftest import Api, Project, assert_error, combined_app, serving
-from tests.identity import latest_link, send_link, sign_in, token_of, verify
+from tests.conftest import Api, Project, assert_error, combined_app, mailbox_messages, serving
+from tests.identity import latest_link, link_in, send_link, sign_in, token_of, verify
 
 
 def email() -> str:
@@ -304,16 +305,6 @@ async def test_existing_user_signs_in_and_gets_verified(service: Api, project: P
     assert s.body["user"]["last_sign_in_at"]
 
 
-async def test_enrollment_link_signs_the_new_user_in(service: Api, project: Project) -> None:
-    to = email()
-    r = await project.api.post("/v1/users", {"email": to, "name": "Grace"})
-    assert r.status == 201
-    token = token_of(await latest_link(project, to))
-    v = await verify(service, project, token)
-    assert v.status == 200, v.body
-    assert v.body["user"]["id"] == r.body["id"]
-
-
 async def test_sms_sign_in(service: Api, project: Project) -> None:
     to = phone()
     r = await send_link(service, project, to)
@@ -398,7 +389,9 @@ async def test_invitation_link_accepts_and_selects_the_org(
     assert [e["target_id"] for e in await events(db, project, "invitation.accepted")] == [invitation_id]
 
 
-async def test_a_revoked_invitation_link_fails(service: Api, project: Project) -> None:
+async def test_a_refused_invitation_link_is_recorded_and_used_up(
+    service: Api, project: Project, db: asyncpg.Pool,
+) -> None:
     org = await make_org(project)
     to = email()
     r = await project.api.post(f"/v1/organizations/{org['id']}/invitations", {"email": to})
@@ -406,4 +399,59 @@ async def test_a_revoked_invitation_link_fails(service: Api, project: Project) -
     rv = await project.api.post(f"/v1/organizations/{org['id']}/invitations/{r.body['id']}/revoke")
     assert rv.status == 200, rv.body
     assert_error(await verify(service, project, token_of(link)), 409, "invitation_not_pending")
+    [failure] = await events(db, project, "auth.signin_attempt")
+    assert failure["metadata"]["outcome"] == "failure"
+    assert failure["metadata"]["reason"] == "invitation_not_pending"
+    assert failure["metadata"]["purpose"] == "invitation"
+    assert_error(await verify(service, project, token_of(link)), 410, "token_consumed")
 
+
+# --- concurrency ------------------------------------------------------------------------------
+
+
+async def test_one_link_redeemed_at_once_signs_in_once(service: Api, project: Project,
+                                                       db: asyncpg.Pool) -> None:
+    to = email()
+    await send_link(service, project, to)
+    token = token_of(await latest_link(project, to))
+    results = await asyncio.gather(*(verify(service, project, token) for _ in range(8)))
+    assert sorted(r.status for r in results) == [200] + [410] * 7
+    assert {r.body["error"]["code"] for r in results if r.status == 410} == {"token_consumed"}
+    user_id = next(r.body["user"]["id"] for r in results if r.status == 200)
+    assert await db.fetchval("SELECT count(*) FROM sessions WHERE user_id = $1", user_id) == 1
+
+
+async def test_two_first_sign_ins_at_once_make_one_user(service: Api, project: Project) -> None:
+    to = email()
+    for _ in range(2):
+        await send_link(service, project, to)
+    messages = await mailbox_messages(project.api, to, count=2)
+    tokens = [token_of(link_in(m["text"])) for m in messages]
+    first, second = await asyncio.gather(*(verify(service, project, t) for t in tokens))
+    assert first.status == second.status == 200, (first.body, second.body)
+    assert first.body["user"]["id"] == second.body["user"]["id"]
+    users = await project.api.get(f"/v1/users?email={to}")
+    assert len(users.body["data"]) == 1
+
+
+# --- the per-IP limit behind proxies ------------------------------------------------------------
+
+
+async def test_ip_limit_counts_the_client_behind_a_trusted_proxy(
+    http: ClientSession, settings_factory: Callable[..., Settings], project: Project,
+) -> None:
+    settings = settings_factory(magic_link_rate_per_destination="100/minute",
+                                magic_link_rate_per_ip="2/minute", trusted_proxies="127.0.0.1/32")
+    settings = settings.model_copy(update={"redis_prefix": settings.redis_prefix + secrets.token_hex(3) + ":"})
+
+    async def send(forwarded_for: str) -> int:
+        r = await send_link(api, project, email(), headers={"X-Forwarded-For": forwarded_for})
+        return r.status
+
+    async with serving(http, combined_app(settings)) as api:
+        assert [await send("203.0.113.5") for _ in range(3)] == [200, 200, 429]
+        assert await send("203.0.113.6") == 200  # another client behind the same proxy
+        # An IPv6 client is counted by its /64: rotating the interface id does not help.
+        assert [await send(f"2001:db8:1:2::{n}") for n in range(1, 4)] == [200, 200, 429]
+        # A spoofed left-most entry does not change who the proxy says the client is.
+        assert await send("198.51.100.1, 203.0.113.5") == 429
