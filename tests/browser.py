@@ -1,0 +1,111 @@
+"""A real browser for tests of the pages we serve: headless Chromium driven by Selenium.
+
+Debian's ``chromium`` and ``chromedriver`` (package ``chromium-driver``) are used, installed with
+apt-get when missing (as :mod:`common.devservices` installs PostgreSQL), so ``make test`` on a
+fresh machine needs no manual step. Selenium Manager never runs: the driver path is given, so
+nothing is downloaded from outside PyPI and Debian.
+
+Selenium is synchronous; async tests call it through :func:`asyncio.to_thread` so the service,
+which runs in the test's event loop, keeps answering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+PACKAGES = ("chromium", "chromium-driver")
+# One installer at a time on this machine (parallel test runs share it).
+_LOCK = Path(tempfile.gettempdir()) / "authio-chromium-install.lock"
+
+
+class BrowserUnavailable(RuntimeError):
+    """Chromium or chromedriver is missing and cannot be installed here."""
+
+
+def _present() -> bool:
+    return all(os.access(p, os.X_OK) for p in (CHROMIUM, CHROMEDRIVER))
+
+
+def ensure_chromium() -> tuple[str, str]:
+    """``(chromium, chromedriver)`` paths (``/usr/bin/chromium``, ``/usr/bin/chromedriver``).
+
+    When either is missing, installs the Debian packages ``chromium`` and ``chromium-driver``
+    (``apt-get update`` then ``apt-get install -y``, noninteractive; this takes a minute or two
+    once). Raises :class:`BrowserUnavailable` when that is impossible (not root, no apt-get) or
+    fails.
+    """
+    if _present():
+        return CHROMIUM, CHROMEDRIVER
+    wanted = " ".join(PACKAGES)
+    apt_get = shutil.which("apt-get")
+    if os.geteuid() != 0 or apt_get is None:
+        why = "not running as root" if os.geteuid() != 0 else "apt-get is not available"
+        raise BrowserUnavailable(
+            f"the browser tests need {CHROMIUM} and {CHROMEDRIVER} and cannot install them ({why}): "
+            f"install the packages {wanted} (Debian: sudo apt-get install -y {wanted})"
+        )
+    with open(_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _present():  # another run installed them while we waited
+            return CHROMIUM, CHROMEDRIVER
+        print(f"browser: installing {wanted} with apt-get (this can take a minute)",
+              file=sys.stderr, flush=True)
+        began = time.monotonic()
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in ([apt_get, "update", "-qq"],
+                    [apt_get, "install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=600", *PACKAGES]):
+            try:
+                proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, env=env,
+                                      timeout=1800, check=False)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise BrowserUnavailable(f"{' '.join(cmd)} failed: {exc}") from exc
+            if proc.returncode != 0:
+                output = (proc.stdout + proc.stderr).decode(errors="replace").strip()
+                raise BrowserUnavailable(
+                    f"{' '.join(cmd)} failed with exit status {proc.returncode}:\n{output[-4000:]}"
+                )
+        if not _present():
+            raise BrowserUnavailable(f"installed {wanted} but {CHROMIUM} or {CHROMEDRIVER} is missing")
+        print(f"browser: installed {wanted} in {time.monotonic() - began:.0f} s",
+              file=sys.stderr, flush=True)
+    return CHROMIUM, CHROMEDRIVER
+
+
+def new_driver() -> webdriver.Chrome:
+    """A headless Chromium WebDriver that records the page's console (``get_log("browser")``)."""
+    try:
+        chromium, chromedriver = ensure_chromium()
+    except BrowserUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1024,768"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[webdriver.Chrome]:
+    """:func:`new_driver`, quit on exit (a session fixture wraps this)."""
+    driver = new_driver()
+    try:
+        yield driver
+    finally:
+        driver.quit()
