@@ -26,9 +26,11 @@ VERIFY_PATH: Final = "/v1/auth/magic-link/verify"
 
 
 def link_url(settings: Settings, project_id: str, token: str) -> str:
-    """The landing-page address carried by a message."""
-    query = urlencode({"project_id": project_id, "token": token})
-    return f"{settings.public_base_url}{VERIFY_PATH}?{query}"
+    """The landing-page address carried by a message. The token rides in the fragment
+    (``#token=``), which browsers never send: no access log, proxy, trace span or ``Referer``
+    ever holds it; the page's script reads it and posts it."""
+    return (f"{settings.public_base_url}{VERIFY_PATH}?{urlencode({'project_id': project_id})}"
+            f"#{urlencode({'token': token})}")
 
 
 _TEXTS: Final = {
@@ -81,5 +83,6 @@ async def issue_link(
     return await outbox.enqueue(
         conn, kms, project_id=project_id, channel=channel, destination=destination, kind=purpose,
         subject=subject.format(**fields), text=body,
+        expires_at=timedelta(seconds=ttl_seconds),  # now() + ttl: the token's own expires_at
     )
 

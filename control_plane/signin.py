@@ -1,8 +1,9 @@
 """Magic-link sign-in endpoints (SPEC.md 3, 4, 5, 7; issue 4).
 
 * ``POST /v1/auth/magic-link/send`` ``{"destination"}`` queues a sign-in link.
-* ``GET /v1/auth/magic-link/verify?project_id=&token=`` is the landing page the link opens: a
-  button, never a redemption, because mail scanners follow links.
+* ``GET /v1/auth/magic-link/verify?project_id=...#token=...`` is the landing page the link
+  opens: a button, never a redemption, because mail scanners follow links. The token is in the
+  fragment, so the server never receives it with the page.
 * ``POST /v1/auth/magic-link/verify`` ``{"token"}`` redeems it: a sign-in (session envelope and
   ``service_session`` cookie).
 """
@@ -263,13 +264,14 @@ button {{ font-size: 1.1rem; padding: .6rem 1.4rem; cursor: pointer; }}
 </style></head>
 <body><main>
 <h1>Sign in</h1>
-<p id="status">Press the button to finish signing in.</p>
+<p id="status" role="status" aria-live="polite">Press the button to finish signing in.</p>
 <button id="signin" type="button">Sign in</button>
 </main>
 <script nonce="{nonce}">
 document.getElementById("signin").addEventListener("click", async (event) => {{
   const button = event.currentTarget, status = document.getElementById("status");
   const params = new URLSearchParams(window.location.search);
+  const token = new URLSearchParams(window.location.hash.slice(1)).get("token") || "";
   button.disabled = true;
   status.textContent = "Signing in…";
   try {{
@@ -277,7 +279,7 @@ document.getElementById("signin").addEventListener("click", async (event) => {{
         {{project_id: params.get("project_id") || ""}}), {{
       method: "POST", credentials: "same-origin",
       headers: {{"Content-Type": "application/json"}},
-      body: JSON.stringify({{token: params.get("token") || ""}}),
+      body: JSON.stringify({{token: token}}),
     }});
     const body = await response.json();
     if (response.ok) {{

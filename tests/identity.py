@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.conftest import Api, Project, Response, mailbox_messages
 
-_LINK_RE = re.compile(r"https?://\S+/v1/auth/magic-link/verify\?\S+")
+_LINK_RE = re.compile(r"https?://\S+/v1/auth/magic-link/verify\?\S+#token=\S+")
 
 
 def link_in(text: str) -> str:
@@ -21,7 +21,10 @@ def link_in(text: str) -> str:
 
 
 def token_of(link: str) -> str:
-    return parse_qs(urlsplit(link).query)["token"][0]
+    """The token of a magic link: in its fragment, never its query (no server sees it)."""
+    parts = urlsplit(link)
+    assert "token" not in parse_qs(parts.query), link
+    return parse_qs(parts.fragment)["token"][0]
 
 
 async def latest_link(project: Project, destination: str, *, count: int = 1,

@@ -197,7 +197,7 @@ async def test_verify_signs_in_and_returns_the_envelope(service: Api, project: P
 async def test_cookie_is_secure_off_localhost(
     http: ClientSession, settings_factory: Callable[..., Settings], project: Project,
 ) -> None:
-    settings = settings_factory(base_url="https://auth.example.com")
+    settings = settings_factory(base_url="https://auth.example.com", dev_mailbox=True)
     async with serving(http, combined_app(settings)) as api:
         to = email()
         await send_link(api, project, to)
