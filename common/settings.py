@@ -147,6 +147,9 @@ class Settings(BaseSettings):
     outbox_backoff_base_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
         5.0, validation_alias=_env("SERVICE_OUTBOX_BACKOFF_BASE_SECONDS")
     )
+    housekeeping_interval_seconds: Annotated[float, Field(gt=0)] = Field(
+        3600.0, validation_alias=_env("SERVICE_HOUSEKEEPING_INTERVAL_SECONDS")
+    )
     # Telemetry (SPEC.md 1.3): these five variables alone configure tracing (common.telemetry).
     otel_exporter: Literal["stdout", "otlp", "none"] = Field(
         "stdout", validation_alias=_env("OTEL_EXPORTER")

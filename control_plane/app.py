@@ -30,6 +30,7 @@ from control_plane import (
 )
 from control_plane.appkeys import CURSOR_SECRET, KMS
 from control_plane.audit_partitions import manage_partitions, run_partition_manager
+from control_plane.housekeeping import run_housekeeping
 from control_plane.kms import LocalKms
 from control_plane.pagination import load_cursor_secret
 
@@ -100,6 +101,9 @@ async def _workers(app: web.Application) -> AsyncIterator[None]:
             retention_months=settings.audit_retention_months,
             interval_seconds=settings.audit_partition_interval_seconds,
         ), name="audit-partitions"),
+        asyncio.create_task(run_housekeeping(
+            app[PG_POOL], interval_seconds=settings.housekeeping_interval_seconds,
+        ), name="housekeeping"),
     ]
     try:
         yield
