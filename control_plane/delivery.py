@@ -15,8 +15,9 @@ Delivery is at least once (``control_plane.outbox``), so every message carries i
 
 ``ConsoleSink`` (the default of both channels, for ``make run``) prints each message, link
 included, on standard output and keeps the last 1000 per process in memory for
-``GET /v1/dev/mailbox`` (K, scope ``users:read``): the caller's project's messages, newest
+``GET /v1/dev/mailbox`` (K, full-access keys only): the caller's project's messages, newest
 first, optionally filtered on an exact ``destination``, at most ``limit`` (default 50, 1 to 1000).
+The route exists only where ``Settings.serves_dev_mailbox`` (``control_plane.outbox.setup``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import aiosmtplib
 import orjson
 from aiohttp import web
 
-from common.errors import InvalidRequest
+from common.errors import InsufficientScope, InvalidRequest
 from common.http import json_response
 from common.settings import Settings
 from control_plane.destinations import Channel
@@ -71,7 +72,7 @@ class DeliveryError(Exception):
     def __init__(self, reason: str, *, permanent: bool = False,
                  retry_after: float | None = None) -> None:
         super().__init__(reason)
-        self.reason = _short(reason)
+        self.reason = short_reason(reason)
         self.permanent = permanent
         self.retry_after = retry_after
 
@@ -82,7 +83,8 @@ class Sender(Protocol):
     async def send(self, message: OutgoingMessage) -> None: ...
 
 
-def _short(text: str) -> str:
+def short_reason(text: str) -> str:
+    """``text`` on one line and at most 300 characters: the form of a stored ``last_error``."""
     text = " ".join(text.split())
     return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
 
@@ -299,12 +301,20 @@ _MAILBOX_QUERY: Final = frozenset({"destination", "limit"})
 
 
 async def get_mailbox(request: web.Request) -> web.Response:
-    """``GET /v1/dev/mailbox`` (K, scope ``users:read``): the messages the console sink of this
-    process delivered for the caller's project, newest first:
+    """``GET /v1/dev/mailbox`` (K, a full-access key: one with no scope list): the messages the
+    console sink of this process delivered for the caller's project, newest first:
     ``{"data": [{"id", "channel", "kind", "destination", "subject", "text", "html",
     "delivered_at"}], "request_id"}``. Query ``destination`` (exact match) and ``limit``
-    (1 to 1000, default 50). Raises InvalidRequest for a bad limit or an unknown parameter."""
-    principal = await authenticate(request, "users:read")
+    (1 to 1000, default 50).
+
+    Reading live sign-in links is the power to sign in as anyone, more than any one scope
+    grants, hence full access. Raises MissingApiKey, InvalidApiKey, InsufficientScope (a scoped
+    key), InvalidRequest (a bad limit or an unknown parameter)."""
+    principal = await authenticate(request)
+    if principal.scopes:
+        raise InsufficientScope(
+            "The development mailbox shows live sign-in links: it needs a full-access API key "
+            "(one created without scopes).", details={"requires": "full_access"})
     unknown = sorted(set(request.query) - _MAILBOX_QUERY)
     if unknown:
         raise InvalidRequest.field(unknown[0], "unknown query parameter; use destination and limit")

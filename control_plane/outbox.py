@@ -10,19 +10,19 @@ it claims due messages under a lease, hands them to the configured senders
 lost across restarts or crashes: a message is ``sent`` only after its sender returned, and a
 worker killed mid-delivery leaves a lease that simply runs out, after which any process claims the
 message again. Delivery is therefore at least once; receivers deduplicate on the ``msg_`` id.
+A transient failure never loses a message that is still useful: a message with an ``expires_at``
+(its link's expiry) is retried until then, however long the outage.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import random
 from collections.abc import AsyncIterator, Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import aiohttp
 import asyncpg
@@ -50,20 +50,27 @@ def body_aad(message_id: str) -> bytes:
 async def enqueue(
     conn: asyncpg.Connection, kms: LocalKms, *, project_id: str, channel: Channel,
     destination: str, kind: str, subject: str, text: str, html: str | None = None,
+    expires_at: datetime | timedelta | None = None,
 ) -> str:
     """Queue one message in ``conn``'s transaction and return its ``msg_`` id.
 
     ``kind`` names the message (``enrollment``, ``signin``, ``invitation``); ``subject`` is used
     by email only; ``text`` is the plain-text body (the whole SMS), ``html`` an optional HTML
-    alternative for email.
+    alternative for email. ``expires_at`` is when the message stops being useful (the expiry of
+    the link it carries): an aware datetime, or a timedelta counted from the transaction's
+    ``now()`` (as ``now() + interval`` expiries of the same transaction are). Until then
+    transient delivery failures are retried without limit; None keeps the
+    ``SERVICE_OUTBOX_MAX_ATTEMPTS`` limit (see ``run_outbox``).
     """
     message_id = new_id("msg")
     sealed = kms.seal(orjson.dumps({"subject": subject, "text": text, "html": html}),
                       body_aad(message_id))
+    at, after = (None, expires_at) if isinstance(expires_at, timedelta) else (expires_at, None)
     await conn.execute(
-        """INSERT INTO messages (id, project_id, channel, kind, destination, body_sealed)
-           VALUES ($1, $2, $3, $4, $5, $6)""",
-        message_id, project_id, channel, kind, destination, sealed,
+        """INSERT INTO messages (id, project_id, channel, kind, destination, body_sealed,
+                                 expires_at)
+           VALUES ($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now() + $8::interval))""",
+        message_id, project_id, channel, kind, destination, sealed, at, after,
     )
     await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, message_id)
     return message_id
@@ -80,6 +87,7 @@ _LISTEN_CHECK_SECONDS: Final = 10.0
 _RECONNECT_MAX_SECONDS: Final = 30.0
 
 # Due, unleased messages, oldest due first; the lease and the attempt count commit with the claim.
+# An expired message is claimed only to be failed, unsent: that claim is not a delivery attempt.
 _CLAIM_SQL: Final = """
 WITH due AS (
     SELECT id FROM messages
@@ -90,10 +98,12 @@ WITH due AS (
        FOR UPDATE SKIP LOCKED
 )
 UPDATE messages AS m
-   SET locked_until = now() + $2::interval, attempts = m.attempts + 1
+   SET locked_until = now() + $2::interval,
+       attempts = m.attempts + CASE WHEN m.expires_at <= now() THEN 0 ELSE 1 END
   FROM due
  WHERE m.id = due.id
-RETURNING m.id, m.project_id, m.channel, m.kind, m.destination, m.body_sealed, m.attempts
+RETURNING m.id, m.project_id, m.channel, m.kind, m.destination, m.body_sealed, m.attempts,
+          m.expires_at, m.expires_at <= now() AS expired, m.last_error
 """
 # Delivered: whoever delivered it, it is sent (a slower duplicate of ours changes nothing).
 _SENT_SQL: Final = """
@@ -101,15 +111,23 @@ UPDATE messages SET status = 'sent', sent_at = now(), body_sealed = NULL, locked
  WHERE id = $1 AND status = 'pending'
 """
 # Failures apply only while our claim is the current one (``attempts`` unchanged): a worker
-# whose lease ran out must not reschedule a message another worker now holds.
+# whose lease ran out must not reschedule a message another worker now holds. A retry is never
+# later than the message's expiry (LEAST ignores a null one), when it fails as expired.
 _RETRY_SQL: Final = """
-UPDATE messages SET next_attempt_at = now() + $3::interval, locked_until = NULL, last_error = $4
+UPDATE messages SET next_attempt_at = LEAST(now() + $3::interval, expires_at),
+                    locked_until = NULL, last_error = $4
  WHERE id = $1 AND status = 'pending' AND attempts = $2
 """
 _FAILED_SQL: Final = """
 UPDATE messages SET status = 'failed', locked_until = NULL, last_error = $3, body_sealed = NULL
  WHERE id = $1 AND status = 'pending' AND attempts = $2
 """
+
+
+def reconnect_delay(failures: int) -> float:
+    """The wait after the ``failures``-th consecutive failure to reach the database (claiming,
+    or the ``LISTEN`` connection): 0.5 s doubling per failure, at most 30 s."""
+    return min(_RECONNECT_MAX_SECONDS, 0.5 * 2.0 ** min(max(failures - 1, 0), 10))
 
 
 def backoff_seconds(attempts: int, base_seconds: float, *, cap_seconds: float = BACKOFF_CAP_SECONDS,
@@ -150,9 +168,14 @@ async def run_outbox(pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
       not stay at rest);
     * failed, transient: ``last_error`` (short, no secret), ``next_attempt_at = now() +
       backoff_seconds(attempts, SERVICE_OUTBOX_BACKOFF_BASE_SECONDS)`` (at least the
-      provider's ``Retry-After``), lease cleared;
-    * failed permanently, or the ``SERVICE_OUTBOX_MAX_ATTEMPTS``-th failure: ``status =
-      'failed'``, body wiped, logged at ERROR.
+      provider's ``Retry-After``; at most one hour, and never past ``expires_at``), lease
+      cleared. A message with an ``expires_at`` is retried so until it expires, however many
+      attempts that takes ("nothing queued is lost" while it is still useful);
+    * claimed at or after its ``expires_at`` (its link is dead): not sent; ``status =
+      'failed'``, ``last_error`` "expired undelivered ...", body wiped, logged at ERROR;
+    * failed permanently, or, for a message without ``expires_at``, the
+      ``SERVICE_OUTBOX_MAX_ATTEMPTS``-th failure: ``status = 'failed'``, body wiped, logged at
+      ERROR.
 
     Wakes on ``NOTIFY authio_outbox`` (``enqueue``) through a dedicated ``LISTEN`` connection
     and every ``SERVICE_OUTBOX_POLL_SECONDS``; a lost connection or database is retried with
@@ -198,7 +221,7 @@ class _Worker:
                     raise
                 except Exception as exc:
                     failures += 1
-                    delay = min(_RECONNECT_MAX_SECONDS, 0.5 * 2 ** min(failures - 1, 10))
+                    delay = reconnect_delay(failures)
                     log.warning("outbox could not claim messages (%s: %s); retrying in %.1f s",
                                 type(exc).__name__, exc, delay)
                     await asyncio.sleep(delay)
@@ -224,6 +247,9 @@ class _Worker:
 
     async def _deliver(self, row: asyncpg.Record) -> None:
         message_id, attempts = row["id"], row["attempts"]
+        if row["expired"]:  # its link is dead: sending it helps nobody
+            await self._expired(row)
+            return
         try:
             body = open_body(self._kms, message_id, row["body_sealed"])
             message = OutgoingMessage(
@@ -238,21 +264,23 @@ class _Worker:
             async with asyncio.timeout(self._send_timeout):
                 await sender.send(message)
         except DeliveryError as exc:
-            await self._failed(message_id, attempts, exc)
+            await self._failed(row, exc)
         except TimeoutError:
-            await self._failed(message_id, attempts, DeliveryError(
+            await self._failed(row, DeliveryError(
                 f"delivery took longer than {self._send_timeout:.1f} s (90% of the lease)"))
         except Exception as exc:  # a sender bug: keep the message, retry later
             log.exception("outbox message %s: unexpected error while delivering", message_id)
-            await self._failed(message_id, attempts, DeliveryError(f"internal error: {type(exc).__name__}"))
+            await self._failed(row, DeliveryError(f"internal error: {type(exc).__name__}"))
         else:
             log.info("outbox message %s (%s, %s) delivered on attempt %d", message_id,
                      row["channel"], row["kind"], attempts)
             await self._record(message_id, _SENT_SQL, message_id)
 
-    async def _failed(self, message_id: str, attempts: int, exc: DeliveryError) -> None:
+    async def _failed(self, row: asyncpg.Record, exc: DeliveryError) -> None:
+        message_id, attempts = row["id"], row["attempts"]
         max_attempts = self._settings.outbox_max_attempts
-        if exc.permanent or attempts >= max_attempts:
+        expires_at = row["expires_at"]
+        if exc.permanent or (expires_at is None and attempts >= max_attempts):
             why = "permanently" if exc.permanent else f"after {attempts} attempts"
             log.error("outbox message %s failed %s: %s", message_id, why, exc.reason)
             await self._record(message_id, _FAILED_SQL, message_id, attempts, exc.reason)
@@ -260,10 +288,22 @@ class _Worker:
         delay = backoff_seconds(attempts, self._settings.outbox_backoff_base_seconds)
         if exc.retry_after is not None:
             delay = max(delay, min(exc.retry_after, BACKOFF_CAP_SECONDS))
-        log.warning("outbox message %s attempt %d of %d failed: %s; retrying in %.1f s",
-                    message_id, attempts, max_attempts, exc.reason, delay)
+        until = (f"until it expires at {expires_at.isoformat()}" if expires_at is not None
+                 else f"of {max_attempts}")
+        log.warning("outbox message %s attempt %d (%s) failed: %s; retrying in %.1f s",
+                    message_id, attempts, until, exc.reason, delay)
         await self._record(message_id, _RETRY_SQL, message_id, attempts,
                            timedelta(seconds=delay), exc.reason)
+
+    async def _expired(self, row: asyncpg.Record) -> None:
+        message_id, tried = row["id"], row["attempts"]  # this claim is no attempt
+        reason = f"expired undelivered after {tried} attempt{'s' if tried != 1 else ''}"
+        if row["last_error"]:
+            reason += f"; last error: {row['last_error']}"
+        reason = delivery.short_reason(reason)
+        log.error("outbox message %s (%s, %s) failed: %s", message_id, row["channel"],
+                  row["kind"], reason)
+        await self._record(message_id, _FAILED_SQL, message_id, row["attempts"], reason)
 
     async def _record(self, message_id: str, sql: str, *args: Any) -> None:
         """Store an outcome, retrying through a database hiccup for up to a lease; past that the
@@ -299,7 +339,7 @@ class _Worker:
                 raise
             except Exception as exc:
                 failures += 1
-                delay = min(_RECONNECT_MAX_SECONDS, 0.5 * 2 ** min(failures - 1, 10))
+                delay = reconnect_delay(failures)
                 log.warning("outbox lost its %s listener (%s: %s); reconnecting in %.1f s "
                             "(polling meanwhile)", CHANNEL, type(exc).__name__, exc, delay)
                 await asyncio.sleep(delay)
@@ -339,33 +379,30 @@ class _Worker:
 
 
 def setup(app: web.Application) -> None:
-    """Add the outbox worker to ``app`` (a cleanup context started after the shared resources),
-    and, when a console sink is configured, the console sink's ring buffer and
-    ``GET /v1/dev/mailbox``."""
-    if delivery.uses_console(app[SETTINGS]):
+    """Add the outbox worker to ``app`` (a cleanup context started after the shared resources)
+    and, when a console sink is configured, the console sink's ring buffer; ``GET
+    /v1/dev/mailbox`` is registered only when ``settings.serves_dev_mailbox`` (a console sink,
+    and ``SERVICE_DEV_MAILBOX=true`` or, unset, a local base URL): elsewhere the path is
+    ``not_found``."""
+    settings = app[SETTINGS]
+    if delivery.uses_console(settings):
         app[delivery.MAILBOX] = delivery.ConsoleSink()
-        app.router.add_get("/v1/dev/mailbox", delivery.get_mailbox)
+        if settings.serves_dev_mailbox:
+            app.router.add_get("/v1/dev/mailbox", delivery.get_mailbox)
     app.cleanup_ctx.append(_outbox_worker)
-
-
-def _is_local(url: str) -> bool:
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 async def _outbox_worker(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     console = app.get(delivery.MAILBOX)
-    if console is not None and settings.base_url and not _is_local(settings.base_url):
+    if console is not None and not settings.base_url_is_local:
+        served = ("and served by GET /v1/dev/mailbox to full-access keys (SERVICE_DEV_MAILBOX=true)"
+                  if settings.serves_dev_mailbox else
+                  "(GET /v1/dev/mailbox is not served; SERVICE_DEV_MAILBOX=true would serve it)")
         log.warning("the console message sink is configured (SERVICE_EMAIL_SINK=%s, "
-                    "SERVICE_SMS_SINK=%s) while SERVICE_BASE_URL is %s: sign-in links are printed "
-                    "on standard output and served by GET /v1/dev/mailbox, not sent",
-                    settings.email_sink, settings.sms_sink, settings.base_url)
+                    "SERVICE_SMS_SINK=%s) while the base URL is %s: messages, sign-in links "
+                    "included, are printed on standard output %s, not sent",
+                    settings.email_sink, settings.sms_sink, settings.public_base_url, served)
     async with contextlib.AsyncExitStack() as stack:
         http = None
         if settings.sms_sink == "twilio":

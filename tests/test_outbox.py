@@ -78,13 +78,14 @@ def link() -> str:
 
 async def enqueue(pool: asyncpg.Pool, project_id: str, destination: str, *, channel: Channel = "email",
                   kind: str = "signin", subject: str = "Your sign-in link", text: str | None = None,
-                  html: str | None = None) -> str:
+                  html: str | None = None, expires_at: datetime | timedelta | None = None) -> str:
     """One committed message, queued the way the service queues them."""
     async with pool.acquire() as conn, conn.transaction():
         return await outbox.enqueue(
             conn, KMS, project_id=project_id, channel=channel,
             destination=destination, kind=kind, subject=subject,
             text=text if text is not None else f"Sign in: {link()}\n", html=html,
+            expires_at=expires_at,
         )
 
 
@@ -490,6 +491,72 @@ async def test_transient_failures_stop_at_max_attempts(
     assert "HTTP 503" in failed["last_error"] and failed["body_sealed"] is None
 
 
+async def test_transient_failures_outlast_max_attempts_while_the_message_is_useful(
+    http: ClientSession, outbox_settings: Callable[..., Settings], outbox_pool: asyncpg.Pool,
+) -> None:
+    """An outage longer than SERVICE_OUTBOX_MAX_ATTEMPTS loses no message that has not expired."""
+    number = phone()
+    async with twilio(lambda form, n: 500 if n <= 5 else 201) as (receiver, url), delivering(
+        http, outbox_settings(**twilio_settings(url), outbox_max_attempts=2),
+    ) as project:
+        message_id = await enqueue(outbox_pool, project.id, number, channel="sms",
+                                   expires_at=timedelta(hours=1))
+        stored = await row_where(outbox_pool, message_id, lambda r: r["status"] != "pending",
+                                 "delivered or failed")
+    assert stored["status"] == "sent", stored["last_error"]
+    assert stored["attempts"] == 6 and len(receiver.to(number)) == 6
+    assert stored["body_sealed"] is None
+
+
+async def test_message_still_failing_at_its_expiry_fails_as_expired(
+    http: ClientSession, outbox_settings: Callable[..., Settings], outbox_pool: asyncpg.Pool,
+) -> None:
+    number = phone()
+    async with twilio(lambda form, n: 503) as (receiver, url), delivering(
+        http, outbox_settings(**twilio_settings(url), outbox_max_attempts=2),
+    ) as project:
+        message_id = await enqueue(outbox_pool, project.id, number, channel="sms",
+                                   expires_at=timedelta(seconds=4))
+        failed = await row_where(outbox_pool, message_id, lambda r: r["status"] == "failed", "failed")
+        calls = len(receiver.to(number))
+    # Retried past max_attempts until the expiry, then failed without another send.
+    assert calls > 2 and failed["attempts"] == calls
+    assert failed["last_error"].startswith(f"expired undelivered after {calls} attempts; last error: ")
+    assert "HTTP 503" in failed["last_error"]
+    assert failed["body_sealed"] is None and failed["sent_at"] is None
+    assert failed["expires_at"] <= await outbox_pool.fetchval("SELECT now()")
+
+
+async def test_message_claimed_after_its_expiry_is_never_sent(
+    http: ClientSession, outbox_settings: Callable[..., Settings], outbox_pool: asyncpg.Pool,
+) -> None:
+    number, fine = phone(), phone()
+    async with twilio(lambda form, n: 201) as (receiver, url), delivering(
+        http, outbox_settings(**twilio_settings(url)),
+    ) as project:
+        stale = await enqueue(outbox_pool, project.id, number, channel="sms",
+                              expires_at=datetime.now(UTC) - timedelta(minutes=1))
+        failed = await row_where(outbox_pool, stale, lambda r: r["status"] == "failed", "failed")
+        good = await enqueue(outbox_pool, project.id, fine, channel="sms",
+                             expires_at=datetime.now(UTC) + timedelta(minutes=15))
+        await row_where(outbox_pool, good, lambda r: r["status"] == "sent", "sent")
+    assert receiver.to(number) == [] and len(receiver.to(fine)) == 1
+    assert failed["attempts"] == 0 and failed["last_error"] == "expired undelivered after 0 attempts"
+    assert failed["body_sealed"] is None
+
+
+async def test_sign_in_message_expires_with_its_link(project: Project, db: asyncpg.Pool) -> None:
+    to = unique("expiry").replace(".test", ".com")  # .test is a special-use domain: invalid_email
+    r = await project.api.post(f"/v1/auth/magic-link/send?project_id={project.id}",
+                               {"destination": to}, key=None)
+    assert r.status == 200, r.body
+    message = await db.fetchrow("SELECT expires_at, created_at FROM messages WHERE destination = $1", to)
+    token = await db.fetchrow("SELECT expires_at FROM magic_link_tokens WHERE destination = $1", to)
+    assert message is not None and token is not None
+    assert message["expires_at"] == token["expires_at"]
+    assert message["expires_at"] - message["created_at"] == timedelta(seconds=r.body["expires_in"])
+
+
 # --- crash mid-delivery --------------------------------------------------------------------------
 
 
@@ -700,25 +767,56 @@ async def test_mailbox_lists_the_projects_messages_newest_first(
     assert (await other.api.get("/v1/dev/mailbox")).body["data"] == []
 
 
-async def test_mailbox_needs_users_read_and_valid_query(project: Project) -> None:
+async def test_mailbox_needs_a_full_access_key_and_valid_query(project: Project) -> None:
     async def key(scopes: list[str]) -> str:
         r = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "mailbox", "scopes": scopes})
         assert r.status == 201, r.body
         return str(r.body["secret"])
 
-    assert_error(await project.api.get("/v1/dev/mailbox", key=await key(["audit:read"])), 403,
-                 "insufficient_scope")
-    assert (await project.api.get("/v1/dev/mailbox", key=await key(["users:read"]))).status == 200
+    # Live sign-in links are the power to sign in as anyone: no scope is enough.
+    for scopes in (["audit:read"], ["users:read"], ["users:read", "users:write", "organizations:write"]):
+        assert_error(await project.api.get("/v1/dev/mailbox", key=await key(scopes)), 403,
+                     "insufficient_scope")
+    assert (await project.api.get("/v1/dev/mailbox", key=await key([]))).status == 200
+    assert (await project.api.get("/v1/dev/mailbox")).status == 200  # the bootstrap key: full access
     assert_error(await project.api.get("/v1/dev/mailbox", key=None), 401, "missing_api_key")
     for query in ("limit=0", "limit=1001", "limit=ten", "destinaton=a@b.test"):
         assert_error(await project.api.get(f"/v1/dev/mailbox?{query}"), 400, "invalid_request")
+
+
+@pytest.mark.parametrize(("base_url", "dev_mailbox", "served"), [
+    ("https://auth.example.com", None, False),
+    ("https://auth.example.com", False, False),
+    ("https://auth.example.com", True, True),
+    ("http://localhost:8080", None, True),
+    ("http://127.0.0.1:8080", False, False),
+])
+async def test_mailbox_is_served_only_locally_or_when_enabled(
+    http: ClientSession, outbox_settings: Callable[..., Settings], caplog: pytest.LogCaptureFixture,
+    base_url: str, dev_mailbox: bool | None, served: bool,
+) -> None:
+    with caplog.at_level("WARNING", logger="authio.outbox"):
+        async with delivering(http, outbox_settings(base_url=base_url, dev_mailbox=dev_mailbox)) as project:
+            r = await project.api.get("/v1/dev/mailbox")
+    if served:
+        assert r.status == 200 and r.body["data"] == []
+    else:
+        assert_error(r, 404, "not_found")
+    warnings = [rec.getMessage() for rec in caplog.records if "console message sink" in rec.getMessage()]
+    if "localhost" in base_url or "127.0.0.1" in base_url:
+        assert warnings == []
+    else:  # a console sink off localhost always warns, and says whether links are served
+        [warning] = warnings
+        assert base_url in warning
+        assert ("served by GET /v1/dev/mailbox" in warning) is served
+        assert ("GET /v1/dev/mailbox is not served" in warning) is not served
 
 
 async def test_console_sink_prints_links_and_warns_off_localhost(
     http: ClientSession, outbox_db: str, outbox_pool: asyncpg.Pool, redis_url: str, redis_prefix: str,
 ) -> None:
     env = process_env(outbox_db, redis_url, redis_prefix, SERVICE_OUTBOX_POLL_SECONDS="0.2",
-                      SERVICE_BASE_URL="https://auth.example.com")
+                      SERVICE_BASE_URL="https://auth.example.com", SERVICE_DEV_MAILBOX="true")
     async with serve_process(http, env, "control-plane") as served:
         project = await bootstrap_project(served.api, "console")
         to, the_link = unique("console"), link()
@@ -734,6 +832,7 @@ async def test_console_sink_prints_links_and_warns_off_localhost(
     warnings = [orjson.loads(line) for line in served.stderr if "console message sink" in line]
     assert warnings and warnings[0]["level"] == "WARNING"
     assert "https://auth.example.com" in warnings[0]["message"]
+    assert "served by GET /v1/dev/mailbox to full-access keys" in warnings[0]["message"]
 
 
 # --- end to end: the sign-in link travels by SMTP and by SMS, and works ------------------------

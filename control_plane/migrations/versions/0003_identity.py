@@ -10,7 +10,9 @@ signing keys, sessions and refresh tokens.
   change that needs it (a new user, an invitation, a sign-in request) and delivered by the outbox
   worker, which claims rows with a lease (``locked_until``), so a crash mid-delivery leaves the
   row to be claimed again once the lease runs out. The body is envelope-encrypted (it holds a live
-  sign-in link) and wiped once delivered.
+  sign-in link) and wiped once delivered. ``expires_at`` (null: never) is when the message stops
+  being useful (its link expires): until then transient failures are retried, after it the
+  message fails undelivered.
 * ``signing_keys``: one ``active`` key per project (a partial unique index), a ``pending`` key
   published ahead of its use, ``retired`` keys published until ``publish_until``. Private keys
   are envelope-encrypted (``common.kms``).
@@ -139,6 +141,7 @@ CREATE TABLE messages (
     locked_until    timestamptz,
     last_error      text,
     created_at      timestamptz NOT NULL DEFAULT now(),
+    expires_at      timestamptz,
     sent_at         timestamptz
 );
 CREATE INDEX messages_due ON messages (next_attempt_at) WHERE status = 'pending';
