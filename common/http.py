@@ -15,11 +15,18 @@ import ipaddress
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, ClassVar, Final, Self, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from common.errors import (
     DbUnavailable,
@@ -43,18 +50,21 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
 
 
-_CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters (and DEL): never allowed in a human-readable text field."""
 
 
-def _printable(value: str) -> str:
-    if _CONTROL_RE.search(value):
+def printable(value: str) -> str:
+    """``value`` unchanged; a pydantic ``AfterValidator`` raising ValueError when it holds a
+    control character (``CONTROL_RE``)."""
+    if CONTROL_RE.search(value):
         raise ValueError("must not contain control characters")
     return value
 
 
 DisplayName = Annotated[
     str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
-    AfterValidator(_printable),
+    AfterValidator(printable),
 ]
 """A human-readable name field: 1 to 200 characters after trimming, no control characters."""
 
@@ -63,6 +73,25 @@ class RequestModel(BaseModel):
     """Base of request bodies: unknown fields rejected, no type coercion (DESIGN.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PatchModel(RequestModel):
+    """Base of ``PATCH`` bodies, where only the fields present change: at least one field must be
+    given, and ``null`` is refused except for the fields named in ``nullable_fields`` (where
+    ``null`` clears the value). Both rules are ``invalid_request`` through ``parse_body``."""
+
+    nullable_fields: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="after")
+    def _not_empty_and_no_null(self) -> Self:
+        fields = type(self).model_fields
+        if not self.model_fields_set:
+            raise ValueError(f"give at least one of {', '.join(fields)}")
+        for name in fields:
+            if (name in self.model_fields_set and name not in self.nullable_fields
+                    and getattr(self, name) is None):
+                raise ValueError(f"{name} cannot be null")
+        return self
 
 
 Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]

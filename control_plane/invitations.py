@@ -4,7 +4,9 @@
 Under ``/v1/organizations/{org_id}/invitations``:
 
 * ``POST`` (``organizations:write``) ``{"email", "role"?}``: ``invalid_email`` (422) for a bad
-  address; ``already_a_member`` (409) when a user with that email is an active member;
+  address; ``already_a_member`` (409) when a user with that email has a membership of the
+  organization, active or suspended (a suspended one is reactivated with ``PATCH
+  .../memberships/{id} {"status": "active"}``, not by an invitation);
   ``invitation_pending`` (409) while a pending, unexpired invitation for that email exists (an
   expired one is marked revoked and replaced). The invitation expires after
   ``SERVICE_INVITATION_TTL_SECONDS`` (default 7 days); its link is queued by email and
@@ -45,13 +47,13 @@ from common.errors import (
 from common.http import RequestModel, json_response, parse_body
 from common.ids import is_id, new_id
 from common.settings import Settings
-from control_plane import audit, magic_links
+from control_plane import audit, magic_links, users
 from control_plane.appkeys import CURSOR_SECRET, KMS
 from control_plane.destinations import normalize_email
 from control_plane.kms import LocalKms
 from control_plane.memberships import DEFAULT_ROLE, MEMBERSHIP_COLUMNS, Role, add_membership
 from control_plane.organizations import READ_SCOPES, WRITE_SCOPE, get_organization
-from control_plane.pagination import Listing, page_body, parse_page
+from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 
 INVITATION_COLUMNS: Final = (
@@ -82,7 +84,8 @@ async def create_invitation(
     record ``invitation.created`` in the same transaction. An expired pending invitation for the
     address is marked revoked (``invitation.revoked``, reason ``expired``) and replaced.
 
-    Raises InvalidEmail, OrganizationNotFound, AlreadyAMember, InvitationPending.
+    Raises InvalidEmail, OrganizationNotFound, AlreadyAMember (the address is a user with any
+    membership of the organization, active or suspended), InvitationPending.
     """
     email = normalize_email(body.email)
     async with conn.transaction():
@@ -92,20 +95,15 @@ async def create_invitation(
         ) if is_id(org_id, "org") else None
         if org_name is None:
             raise OrganizationNotFound()
-        user_id = await conn.fetchval(
-            "SELECT id FROM users WHERE project_id = $1 AND lower(email) = lower($2)",
-            project_id, email,
-        )
+        user = await users.find_by_email(conn, project_id, email)
+        user_id: str | None = user["id"] if user is not None else None
         if user_id is not None:
-            membership_id = await conn.fetchval(
-                """SELECT id FROM memberships
-                   WHERE organization_id = $1 AND user_id = $2 AND status = 'active'""",
+            membership = await conn.fetchrow(
+                "SELECT id, status FROM memberships WHERE organization_id = $1 AND user_id = $2",
                 org_id, user_id,
             )
-            if membership_id is not None:
-                raise AlreadyAMember("A user with that email is already an active member.",
-                                     details={"membership_id": membership_id,
-                                              "user_id": user_id})
+            if membership is not None:
+                raise _already_a_member(org_id, membership["id"], membership["status"], user_id)
         pending = await conn.fetchrow(
             """SELECT id, expires_at > now() AS live FROM invitations
                WHERE organization_id = $1 AND lower(email) = lower($2) AND status = 'pending'
@@ -154,6 +152,18 @@ async def create_invitation(
             metadata={"organization_id": org_id, "user_email": email, "role": body.role},
         )
     return dict(row)
+
+
+def _already_a_member(org_id: str, membership_id: str, status: str,
+                      user_id: str) -> AlreadyAMember:
+    if status == "active":
+        message = "A user with that email is already an active member of the organization."
+    else:
+        message = (f"A user with that email is already a {status} member of the organization; "
+                   f"reactivate the membership with PATCH /v1/organizations/{org_id}/memberships/"
+                   f"{membership_id} {{\"status\": \"active\"}} instead of inviting them.")
+    return AlreadyAMember(message, details={"membership_id": membership_id,
+                                            "membership_status": status, "user_id": user_id})
 
 
 async def get_invitation(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, org_id: str,
@@ -209,7 +219,8 @@ async def accept(conn: asyncpg.Connection, actor: audit.Actor, *, project_id: st
     """Accept the invitation for ``user_id``, who proved control of the invited address, in the
     caller's transaction (a savepoint of it). The invitation must be pending and unexpired. The
     user becomes a member with the invitation's role unless already a member of the organization
-    (that membership is kept as it is). Records ``invitation.accepted`` (plus
+    (``create_invitation`` refuses members, but a membership may be added between the invitation
+    and its acceptance: it is kept as it is, role and status). Records ``invitation.accepted`` (plus
     ``membership.created`` when a membership was made) and returns the membership
     (``MEMBERSHIP_COLUMNS``).
 
@@ -267,23 +278,13 @@ async def list_invitations(pool: asyncpg.Pool, project_id: str, org_id: str, que
     status = query.get("status")
     if status is not None and status not in STATUSES:
         raise InvalidRequest.field("status", f"must be one of {', '.join(STATUSES)}")
-    listing = Listing(f"invitations:{org_id}", project_id, secret)
-    page = parse_page(query, listing, key_len=1)
     await get_organization(pool, project_id, org_id)
-    where = ["organization_id = $1", "project_id = $2"]
-    args: list[Any] = [org_id, project_id]
-    if status is not None:
-        where.append(_STATUS_WHERE[status])
-    if page.after is not None:
-        args.append(page.after[0])
-        where.append(f"id > ${len(args)}")
-    args.append(page.limit + 1)
-    rows = await pool.fetch(
-        f"""SELECT {INVITATION_COLUMNS} FROM invitations WHERE {' AND '.join(where)}
-            ORDER BY id LIMIT ${len(args)}::int""",
-        *args,
+    return await project_page_by_id(
+        pool, query, table="invitations", columns=INVITATION_COLUMNS, project_id=project_id,
+        secret=secret, kind=f"invitations:{org_id}",
+        where="organization_id = $2" + (f" AND {_STATUS_WHERE[status]}" if status else ""),
+        args=(org_id,),
     )
-    return page_body([dict(r) for r in rows], page, listing, key=["id"])
 
 
 # --- handlers ---------------------------------------------------------------------------------

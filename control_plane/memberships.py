@@ -26,12 +26,11 @@ membership) is ``membership_not_found``; an unknown organization on the collecti
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from typing import Annotated, Any, Final, Literal
 
 import asyncpg
 from aiohttp import web
-from pydantic import AfterValidator, model_validator
+from pydantic import AfterValidator
 
 from common.appkeys import PG_POOL
 from common.errors import (
@@ -41,12 +40,12 @@ from common.errors import (
     OrganizationNotFound,
     UserNotFound,
 )
-from common.http import RequestModel, json_response, parse_body
+from common.http import PatchModel, RequestModel, json_response, parse_body
 from common.ids import is_id, new_id
 from control_plane import audit
 from control_plane.appkeys import CURSOR_SECRET
 from control_plane.organizations import READ_SCOPES, WRITE_SCOPE, get_organization
-from control_plane.pagination import Listing, Page, page_body, parse_page
+from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 from control_plane.users import get_user
 
@@ -72,18 +71,9 @@ class AddMembershipBody(RequestModel):
     role: Role = DEFAULT_ROLE
 
 
-class UpdateMembershipBody(RequestModel):
+class UpdateMembershipBody(PatchModel):
     role: Role | None = None
     status: Literal["active", "suspended"] | None = None
-
-    @model_validator(mode="after")
-    def _not_empty_and_no_null(self) -> UpdateMembershipBody:
-        if not self.model_fields_set:
-            raise ValueError("give at least one of role, status")
-        for name in self.model_fields_set:
-            if getattr(self, name) is None:
-                raise ValueError(f"{name} cannot be null")
-        return self
 
 
 async def add_membership(
@@ -224,35 +214,24 @@ def _status_filter(query: Any) -> str | None:
     return status
 
 
-async def _page(pool: asyncpg.Pool, page: Page, listing: Listing, *, select: str,
-                where: Sequence[str], args: Sequence[Any], id_column: str) -> dict[str, Any]:
-    clauses, values = list(where), list(args)
-    if page.after is not None:
-        values.append(page.after[0])
-        clauses.append(f"{id_column} > ${len(values)}")
-    values.append(page.limit + 1)
-    rows = await pool.fetch(
-        f"{select} WHERE {' AND '.join(clauses)} ORDER BY {id_column} LIMIT ${len(values)}::int",
-        *values,
-    )
-    return page_body([dict(r) for r in rows], page, listing, key=["id"])
-
-
 async def list_memberships(pool: asyncpg.Pool, project_id: str, org_id: str, query: Any, *,
                            secret: bytes) -> dict[str, Any]:
     """A page of the organization's memberships in creation order, optionally only those with
     ``status``. Raises OrganizationNotFound, InvalidRequest."""
     status = _status_filter(query)
-    listing = Listing(f"memberships:{org_id}", project_id, secret)
-    page = parse_page(query, listing, key_len=1)
     await get_organization(pool, project_id, org_id)
-    where, args = ["organization_id = $1", "project_id = $2"], [org_id, project_id]
-    if status is not None:
-        args.append(status)
-        where.append(f"status = ${len(args)}")
-    return await _page(pool, page, listing,
-                       select=f"SELECT {MEMBERSHIP_COLUMNS} FROM memberships",
-                       where=where, args=args, id_column="id")
+    return await project_page_by_id(
+        pool, query, table="memberships", columns=MEMBERSHIP_COLUMNS, project_id=project_id,
+        secret=secret, kind=f"memberships:{org_id}",
+        where="organization_id = $2" + (" AND status = $3" if status is not None else ""),
+        args=(org_id, status) if status is not None else (org_id,),
+    )
+
+
+_USER_MEMBERSHIP_COLUMNS: Final = (
+    ", ".join(f"m.{c.strip()}" for c in MEMBERSHIP_COLUMNS.split(","))
+    + ", o.name AS organization_name, o.slug AS organization_slug"
+)
 
 
 async def list_user_memberships(pool: asyncpg.Pool, project_id: str, user_id: str, query: Any, *,
@@ -260,19 +239,13 @@ async def list_user_memberships(pool: asyncpg.Pool, project_id: str, user_id: st
     """A page of the user's memberships in creation order, each with ``organization_name`` and
     ``organization_slug``; optional ``status`` filter. Raises UserNotFound, InvalidRequest."""
     status = _status_filter(query)
-    listing = Listing(f"user_memberships:{user_id}", project_id, secret)
-    page = parse_page(query, listing, key_len=1)
     await get_user(pool, project_id, user_id)
-    columns = ", ".join(f"m.{c.strip()}" for c in MEMBERSHIP_COLUMNS.split(","))
-    where, args = ["m.user_id = $1", "m.project_id = $2"], [user_id, project_id]
-    if status is not None:
-        args.append(status)
-        where.append(f"m.status = ${len(args)}")
-    return await _page(
-        pool, page, listing,
-        select=f"""SELECT {columns}, o.name AS organization_name, o.slug AS organization_slug
-                   FROM memberships m JOIN organizations o ON o.id = m.organization_id""",
-        where=where, args=args, id_column="m.id",
+    return await project_page_by_id(
+        pool, query, table="memberships m JOIN organizations o ON o.id = m.organization_id",
+        alias="m", columns=_USER_MEMBERSHIP_COLUMNS, project_id=project_id, secret=secret,
+        kind=f"user_memberships:{user_id}",
+        where="m.user_id = $2" + (" AND m.status = $3" if status is not None else ""),
+        args=(user_id, status) if status is not None else (user_id,),
     )
 
 

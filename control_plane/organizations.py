@@ -23,11 +23,10 @@ from typing import Any, Final
 
 import asyncpg
 from aiohttp import web
-from pydantic import model_validator
 
 from common.appkeys import PG_POOL
 from common.errors import InvalidSlug, OrganizationNotFound, SlugInUse
-from common.http import DisplayName, RequestModel, json_response, parse_body
+from common.http import DisplayName, PatchModel, RequestModel, json_response, parse_body
 from common.ids import is_id, new_id
 from control_plane import audit
 from control_plane.appkeys import CURSOR_SECRET
@@ -59,19 +58,10 @@ class CreateOrganizationBody(RequestModel):
     metadata: Metadata | None = None
 
 
-class UpdateOrganizationBody(RequestModel):
+class UpdateOrganizationBody(PatchModel):
     name: DisplayName | None = None
     slug: str | None = None
     metadata: Metadata | None = None
-
-    @model_validator(mode="after")
-    def _not_empty_and_no_null(self) -> UpdateOrganizationBody:
-        if not self.model_fields_set:
-            raise ValueError("give at least one of name, slug, metadata")
-        for name in self.model_fields_set:
-            if getattr(self, name) is None:
-                raise ValueError(f"{name} cannot be null")
-        return self
 
 
 async def get_organization(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,

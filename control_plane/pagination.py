@@ -139,20 +139,36 @@ def page_body(
 
 async def project_page_by_id(
     pool: asyncpg.Pool, query: Mapping[str, str], *, table: str, columns: str, project_id: str,
-    secret: bytes,
+    secret: bytes, kind: str | None = None, id_column: str = "id", alias: str | None = None,
+    where: str | None = None, args: Sequence[Any] = (),
 ) -> dict[str, Any]:
-    """One page of ``table``'s rows of ``project_id`` in id order (ids are ULIDs, so that is
-    creation order); the cursor is bound to ``table`` and the project. Raises InvalidRequest for
-    a bad limit or cursor. ``table`` and ``columns`` are constants of the caller, never user
-    input."""
-    listing = Listing(table, project_id, secret)
+    """One page of the rows of ``table`` in ``project_id``, in ``id_column`` order (ids are
+    ULIDs, so that is creation order). Raises InvalidRequest for a bad limit or cursor.
+
+    * ``kind`` names the listing the cursor is bound to (default ``table``): give each listing
+      its own (``memberships:<org_id>``), so a cursor of one is refused by the others.
+    * ``table`` is the ``FROM`` clause (it may join other tables, then ``alias`` names the
+      listed table: its ``project_id`` and ``id_column`` are qualified with it).
+    * ``where`` is an extra condition ANDed to the project's, its parameters ``args`` numbered
+      from ``$2`` (``$1`` is the project).
+    * ``id_column`` is the key: the output column the cursor holds, ``id`` or ``kid``.
+
+    ``table``, ``columns``, ``id_column``, ``alias`` and ``where`` are constants of the caller,
+    never user input (values go in ``args``).
+    """
+    listing = Listing(kind or table, project_id, secret)
     page = parse_page(query, listing, key_len=1)
+    prefix = f"{alias}." if alias else ""
+    n = len(args)
+    condition = f" AND ({where})" if where else ""
     rows = await pool.fetch(
-        f"""SELECT {columns} FROM {table} WHERE project_id = $1 AND ($2::text IS NULL OR id > $2)
-            ORDER BY id LIMIT $3""",
-        project_id, page.after[0] if page.after else None, page.limit + 1,
+        f"""SELECT {columns} FROM {table}
+            WHERE {prefix}project_id = $1{condition}
+              AND (${n + 2}::text IS NULL OR {prefix}{id_column} > ${n + 2})
+            ORDER BY {prefix}{id_column} LIMIT ${n + 3}::int""",
+        project_id, *args, page.after[0] if page.after else None, page.limit + 1,
     )
-    return page_body([dict(r) for r in rows], page, listing, key=["id"])
+    return page_body([dict(r) for r in rows], page, listing, key=[id_column])
 
 
 async def load_cursor_secret(pool: asyncpg.Pool) -> bytes:

@@ -47,14 +47,8 @@ async def _user_by_destination(
     conn: asyncpg.Connection, project_id: str, channel: Channel, destination: str
 ) -> asyncpg.Record | None:
     if channel == "email":
-        return await conn.fetchrow(
-            f"SELECT {users.USER_COLUMNS} FROM users WHERE project_id = $1 AND lower(email) = lower($2)",
-            project_id, destination,
-        )
-    return await conn.fetchrow(
-        f"SELECT {users.USER_COLUMNS} FROM users WHERE project_id = $1 AND phone_number = $2",
-        project_id, destination,
-    )
+        return await users.find_by_email(conn, project_id, destination)
+    return await users.find_by_phone(conn, project_id, destination)
 
 
 def client_bucket(ip: str) -> str:

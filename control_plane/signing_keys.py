@@ -53,7 +53,7 @@ from common.settings import Settings
 from control_plane import audit
 from control_plane.appkeys import CURSOR_SECRET, KMS, TOKENS
 from control_plane.kms import LocalKms
-from control_plane.pagination import Listing, page_body, parse_page
+from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 from control_plane.public_project import HEADER as PROJECT_HEADER
 from control_plane.public_project import resolve_project
@@ -168,13 +168,20 @@ async def generate_key(kms: LocalKms, alg: Alg) -> NewKey:
 
 
 async def _insert(conn: asyncpg.Connection, project_id: str, key: NewKey,
-                  status: Literal["pending", "active"]) -> None:
-    await conn.execute(
-        """INSERT INTO signing_keys (kid, project_id, alg, public_jwk, private_sealed, status,
-                                     activated_at)
-           VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'active' THEN now() END)""",
+                  status: Literal["pending", "active"], *, unless_active: bool = False) -> bool:
+    """Store ``key`` with ``status`` (an active key is stamped ``activated_at``). With
+    ``unless_active``, a project that already has an active key keeps it and nothing is stored
+    (the partial unique index ``signing_keys_one_active`` decides, race-free). Returns whether
+    the key was stored."""
+    conflict = "ON CONFLICT (project_id) WHERE status = 'active' DO NOTHING" if unless_active else ""
+    kid = await conn.fetchval(
+        f"""INSERT INTO signing_keys (kid, project_id, alg, public_jwk, private_sealed, status,
+                                      activated_at)
+            VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 = 'active' THEN now() END)
+            {conflict} RETURNING kid""",
         key.kid, project_id, key.alg, key.public_jwk, key.private_sealed, status,
     )
+    return kid is not None
 
 
 async def ensure_active_key(pool: asyncpg.Pool, kms: LocalKms, project_id: str) -> asyncpg.Record:
@@ -194,14 +201,7 @@ async def ensure_active_key(pool: asyncpg.Pool, kms: LocalKms, project_id: str) 
         raise ProjectNotFound(details={"project_id": project_id})
     key = await generate_key(kms, alg)
     async with pool.acquire() as conn, conn.transaction():
-        created = await conn.fetchval(
-            """INSERT INTO signing_keys (kid, project_id, alg, public_jwk, private_sealed, status,
-                                         activated_at)
-               VALUES ($1, $2, $3, $4, $5, 'active', now())
-               ON CONFLICT (project_id) WHERE status = 'active' DO NOTHING RETURNING kid""",
-            key.kid, project_id, key.alg, key.public_jwk, key.private_sealed,
-        )
-        if created is not None:
+        if await _insert(conn, project_id, key, "active", unless_active=True):
             await audit.record(
                 conn, SYSTEM_ACTOR, action="signing_key.created", project_id=project_id,
                 target_type="signing_key", target_id=key.kid,
@@ -445,14 +445,11 @@ async def list_keys(request: web.Request) -> web.Response:
     ``activated_at``, ``retired_at``, ``publish_until`` of the project's stored keys in creation
     order, keyset-paginated (DESIGN.md "lists"). Never private material."""
     principal = await authenticate(request, "keys:write")
-    listing = Listing("signing_keys", principal.project_id, request.app[CURSOR_SECRET])
-    page = parse_page(request.query, listing, key_len=1)
-    rows = await request.app[PG_POOL].fetch(
-        f"""SELECT {_LIST_COLUMNS} FROM signing_keys
-            WHERE project_id = $1 AND ($2::text IS NULL OR kid > $2) ORDER BY kid LIMIT $3""",
-        principal.project_id, page.after[0] if page.after else None, page.limit + 1,
+    body = await project_page_by_id(
+        request.app[PG_POOL], request.query, table="signing_keys", columns=_LIST_COLUMNS,
+        project_id=principal.project_id, secret=request.app[CURSOR_SECRET], id_column="kid",
     )
-    return json_response(request, page_body([dict(r) for r in rows], page, listing, key=["kid"]))
+    return json_response(request, body)
 
 
 async def post_rotate(request: web.Request) -> web.Response:

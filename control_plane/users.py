@@ -22,24 +22,23 @@ stores). A user of another project, an unknown id and a malformed id are all ``u
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Final
 
 import asyncpg
 import orjson
 from aiohttp import web
-from pydantic import AfterValidator, StringConstraints, model_validator
+from pydantic import AfterValidator, StringConstraints
 
 from common.appkeys import PG_POOL, REDIS, SETTINGS
 from common.errors import EmailInUse, InvalidRequest, PhoneInUse, UserNotFound
-from common.http import RequestModel, json_response, parse_body
+from common.http import PatchModel, RequestModel, json_response, parse_body, printable
 from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane import audit, magic_links, sessions
 from control_plane.appkeys import CURSOR_SECRET, KMS
 from control_plane.destinations import is_e164, normalize_email
 from control_plane.kms import LocalKms
-from control_plane.pagination import Listing, page_body, parse_page
+from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate
 
 USER_COLUMNS: Final = (
@@ -50,15 +49,6 @@ READ_SCOPES: Final = ("users:read", "users:write")
 WRITE_SCOPE: Final = "users:write"
 MAX_METADATA_BYTES: Final = 16 * 1024
 TOTAL_COUNT_HEADER: Final = "Service-Total-Count"
-
-_CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _printable(value: str) -> str:
-    if _CONTROL_RE.search(value):
-        raise ValueError("must not contain control characters")
-    return value
-
 
 def _metadata_size(value: dict[str, Any]) -> dict[str, Any]:
     size = len(orjson.dumps(value))
@@ -74,7 +64,7 @@ def _e164(value: str) -> str:
 
 
 UserName = Annotated[
-    str, StringConstraints(strip_whitespace=True, max_length=200), AfterValidator(_printable)
+    str, StringConstraints(strip_whitespace=True, max_length=200), AfterValidator(printable)
 ]
 """A user's display name: 0 to 200 characters after trimming, no control characters."""
 
@@ -92,24 +82,16 @@ class CreateUserBody(RequestModel):
     metadata: Metadata | None = None
 
 
-class UpdateUserBody(RequestModel):
+class UpdateUserBody(PatchModel):
     """Only the fields present change; ``phone_number: null`` clears the number."""
+
+    nullable_fields = frozenset({"phone_number"})
 
     name: UserName | None = None
     email: str | None = None
     email_verified: bool | None = None
     phone_number: PhoneNumber | None = None
     metadata: Metadata | None = None
-
-    @model_validator(mode="after")
-    def _not_empty_and_no_null(self) -> UpdateUserBody:
-        if not self.model_fields_set:
-            raise ValueError(
-                "give at least one of name, email, email_verified, phone_number, metadata")
-        for name in ("name", "email", "email_verified", "metadata"):
-            if name in self.model_fields_set and getattr(self, name) is None:
-                raise ValueError(f"{name} cannot be null")
-        return self
 
 
 def _unique_violation(exc: asyncpg.UniqueViolationError) -> Exception:
@@ -121,6 +103,28 @@ def _unique_violation(exc: asyncpg.UniqueViolationError) -> Exception:
         return PhoneInUse()
     error: Exception = exc
     return error
+
+
+async def find_by_email(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                        email: str) -> asyncpg.Record | None:
+    """The project's user with ``email`` compared case-insensitively (``USER_COLUMNS``), or
+    None. ``email`` is used as given (normalize it first: ``destinations.normalize_email``)."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"SELECT {USER_COLUMNS} FROM users WHERE project_id = $1 AND lower(email) = lower($2)",
+        project_id, email,
+    )
+    return row
+
+
+async def find_by_phone(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                        phone_number: str) -> asyncpg.Record | None:
+    """The project's user with the E.164 ``phone_number`` (exact match, ``USER_COLUMNS``), or
+    None."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"SELECT {USER_COLUMNS} FROM users WHERE project_id = $1 AND phone_number = $2",
+        project_id, phone_number,
+    )
+    return row
 
 
 async def get_user(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
@@ -167,11 +171,7 @@ async def create_user(
             if row is None:
                 # Another transaction holds the email; ON CONFLICT waited for it to commit, and
                 # this new statement's snapshot sees its row.
-                existing = await conn.fetchrow(
-                    f"""SELECT {USER_COLUMNS} FROM users
-                        WHERE project_id = $1 AND lower(email) = lower($2)""",
-                    project_id, email,
-                )
+                existing = await find_by_email(conn, project_id, email)
                 if existing is None:
                     continue
                 return dict(existing), False
@@ -288,23 +288,12 @@ async def list_users(
 ) -> dict[str, Any]:
     """A page of the project's users in creation order; ``email`` filters exactly and
     case-insensitively. Raises InvalidRequest (limit, cursor), InvalidEmail (the filter)."""
-    listing = Listing("users", project_id, secret)
-    page = parse_page(query, listing, key_len=1)
-    where = ["project_id = $1"]
-    args: list[Any] = [project_id]
-    if (email := query.get("email")) is not None:
-        args.append(normalize_email(email))
-        where.append(f"lower(email) = lower(${len(args)})")
-    if page.after is not None:
-        args.append(page.after[0])
-        where.append(f"id > ${len(args)}")
-    args.append(page.limit + 1)
-    rows = await pool.fetch(
-        f"""SELECT {USER_COLUMNS} FROM users WHERE {' AND '.join(where)}
-            ORDER BY id LIMIT ${len(args)}::int""",
-        *args,
+    email = query.get("email")
+    return await project_page_by_id(
+        pool, query, table="users", columns=USER_COLUMNS, project_id=project_id, secret=secret,
+        where="lower(email) = lower($2)" if email is not None else None,
+        args=(normalize_email(email),) if email is not None else (),
     )
-    return page_body([dict(r) for r in rows], page, listing, key=["id"])
 
 
 def wants_total_count(request: web.Request) -> bool:

@@ -120,7 +120,7 @@ async def test_unknown_or_foreign_organization(
                              theirs["id"]) == 0
 
 
-async def test_active_member_is_already_a_member_but_a_suspended_one_may_be_invited(
+async def test_any_member_active_or_suspended_is_already_a_member(
     project: Project, db: asyncpg.Pool
 ) -> None:
     org = await create_org(project.api)
@@ -129,8 +129,25 @@ async def test_active_member_is_already_a_member_but_a_suspended_one_may_be_invi
     r = await invite(project.api, org["id"], user["email"].upper())
     assert_error(r, 409, "already_a_member")
     assert r.body["error"]["details"]["membership_id"] == m["id"]
-    assert await messages(db, project.id, user["email"], "invitation") == 0
+    assert r.body["error"]["details"]["membership_status"] == "active"
+    # Suspended: still a member; an invitation would be "accepted" and change nothing.
     assert (await patch(project.api, org["id"], m["id"], {"status": "suspended"})).status == 200
+    r = await invite(project.api, org["id"], user["email"])
+    assert_error(r, 409, "already_a_member")
+    details = r.body["error"]["details"]
+    assert (details["membership_id"], details["membership_status"]) == (m["id"], "suspended")
+    assert details["user_id"] == user["id"]
+    message = r.body["error"]["message"]
+    assert f"/v1/organizations/{org['id']}/memberships/{m['id']}" in message
+    assert '{"status": "active"}' in message
+    assert await messages(db, project.id, user["email"], "invitation") == 0
+    assert await db.fetchval("SELECT count(*) FROM invitations WHERE organization_id = $1",
+                             org["id"]) == 0
+    assert await events(db, project.id, "invitation.created") == []
+    # Reactivated as the message says: the membership is active again.
+    assert (await patch(project.api, org["id"], m["id"], {"status": "active"})).status == 200
+    # Removed: the person may be invited again.
+    assert (await project.api.delete(f"/v1/organizations/{org['id']}/memberships/{m['id']}")).status == 200
     await invite_ok(project.api, org["id"], user["email"])
 
 
@@ -268,12 +285,15 @@ async def test_link_accepts_for_a_new_user(project: Project, db: asyncpg.Pool) -
     assert_error(await verify(project.api, project, token), 410, "token_consumed")
 
 
-async def test_link_keeps_an_existing_membership(project: Project, db: asyncpg.Pool) -> None:
+async def test_link_keeps_a_membership_made_after_the_invitation(
+    project: Project, db: asyncpg.Pool
+) -> None:
     org = await create_org(project.api)
     user = await create_user(project.api)
+    inv = await invite_ok(project.api, org["id"], user["email"], role="member")
+    # Between the invitation and its acceptance the user is added, then suspended.
     m = await add_ok(project.api, org["id"], user["id"], role="owner")
     assert (await patch(project.api, org["id"], m["id"], {"status": "suspended"})).status == 200
-    inv = await invite_ok(project.api, org["id"], user["email"], role="member")
     mails = await mailbox_messages(project.api, user["email"], count=2)
     invitation_mail = next(x for x in mails if x["kind"] == "invitation")
     r = await verify(project.api, project, token_of(link_in(invitation_mail["text"])))

@@ -306,3 +306,31 @@ async def test_scopes_are_enforced(project: Project, db: asyncpg.Pool) -> None:
                  "insufficient_scope")
     assert len(await events(db, project.id, "membership.created")) == 1
     assert await events(db, project.id, "membership.role_changed") == []
+
+
+async def test_user_memberships_page_with_a_status_filter_and_their_own_cursors(
+    project: Project,
+) -> None:
+    user, other_user = await create_user(project.api), await create_user(project.api)
+    orgs = [await create_org(project.api) for _ in range(4)]
+    made = [await add_ok(project.api, o["id"], user["id"]) for o in orgs]
+    theirs = await add_ok(project.api, orgs[0]["id"], other_user["id"])
+    assert (await patch(project.api, orgs[1]["id"], made[1]["id"], {"status": "suspended"})).status == 200
+    path = f"/v1/users/{user['id']}/memberships?status=active&limit=1"
+    seen: list[str] = []
+    cursor = None
+    for _ in range(5):
+        r = await project.api.get(path + (f"&cursor={cursor}" if cursor else ""))
+        assert r.status == 200, r.body
+        seen += [m["id"] for m in r.body["data"]]
+        if not r.body["has_more"]:
+            break
+        cursor = r.body["next_cursor"]
+    assert seen == [made[0]["id"], made[2]["id"], made[3]["id"]]
+    assert all(m["id"] != theirs["id"] for m in r.body["data"])
+    # A cursor of this user's listing is refused by another user's and by an organization's.
+    first = await project.api.get(f"/v1/users/{user['id']}/memberships?limit=1")
+    for elsewhere in (f"/v1/users/{other_user['id']}/memberships",
+                      f"/v1/organizations/{orgs[0]['id']}/memberships"):
+        assert_error(await project.api.get(f"{elsewhere}?cursor={first.body['next_cursor']}"), 400,
+                     "invalid_request")
