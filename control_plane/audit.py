@@ -17,11 +17,11 @@ from common.auth import Principal
 from common.http import client_ip
 from common.ids import new_id
 
-_INSERT: Final = """
-INSERT INTO audit_events (id, action, actor_type, actor_id, user_id, project_id, target_type,
-                          target_id, ip, user_agent, description, api_key_id, metadata)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-"""
+COLUMNS: Final = (
+    "id, action, actor_type, actor_id, user_id, project_id, target_type, target_id, ip, "
+    "user_agent, description, api_key_id, metadata"
+)
+_INSERT: Final = f"INSERT INTO audit_events ({COLUMNS}) VALUES ({', '.join(f'${i}' for i in range(1, 14))})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +66,33 @@ async def record(
 
     ``description`` is stored in its column and in ``metadata.description`` (SPEC.md 2).
     """
+    values = event_values(actor, action=action, project_id=project_id, target_type=target_type,
+                          target_id=target_id, user_id=user_id, description=description,
+                          metadata=metadata)
+    await conn.execute(_INSERT, *values)
+    return str(values[0])
+
+
+def event_values(
+    actor: Actor, *, action: str, project_id: str | None, target_type: str | None = None,
+    target_id: str | None = None, user_id: str | None = None, description: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> list[Any]:
+    """One event's values in ``COLUMNS`` order (a new ``evt_`` id first), as ``record`` stores
+    them; with ``insert_from`` a statement can write its event itself."""
     meta = dict(metadata or {})
     if description is not None:
         meta.setdefault("description", description)
-    event_id = new_id("evt")
-    await conn.execute(
-        _INSERT, event_id, action, actor.type, actor.id, user_id, project_id, target_type,
-        target_id, actor.ip, actor.user_agent, description, actor.api_key_id, meta,
-    )
-    return event_id
+    return [new_id("evt"), action, actor.type, actor.id, user_id, project_id, target_type,
+            target_id, actor.ip, actor.user_agent, description, actor.api_key_id, meta]
+
+
+def insert_from(source: str, first: int, *, more_metadata: str = "") -> str:
+    """SQL inserting one event per row of ``source`` (a CTE of the same statement) from the
+    parameters ``$first`` .. ``$first+12`` holding ``event_values``; ``more_metadata`` is a
+    jsonb expression over ``source`` merged into the metadata (values known only in the
+    statement, such as the organization it picked). The event commits with the statement's
+    change, as with ``record``: one round trip instead of two on hot paths."""
+    params = [f"${first + i}" for i in range(13)]
+    params[12] = f"${first + 12}::jsonb" + (f" || {more_metadata}" if more_metadata else "")
+    return f"INSERT INTO audit_events ({COLUMNS}) SELECT {', '.join(params)} FROM {source}"

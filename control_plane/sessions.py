@@ -32,13 +32,14 @@ revocation is also published on ``<prefix>session_revocations`` so engines can d
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import asyncpg
 from aiohttp import web
@@ -48,7 +49,7 @@ from common.appkeys import PG_POOL, REDIS, SETTINGS
 from common.auth import token_digest
 from common.errors import InvalidRequest, NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
 from common.http import RequestModel, json_response, parse_body, parse_model, read_json
-from common.ids import is_id, new_id
+from common.ids import is_id
 from common.settings import Settings
 from control_plane import audit, users  # users imports this module: attributes at call time
 from control_plane.appkeys import TOKENS
@@ -63,6 +64,7 @@ SESSION_COLUMNS: Final = (
     "id, user_id, organization_id, status, auth_method, created_at, expires_at, "
     "last_refreshed_at, revoked_at"
 )
+_SESSION_FIELDS: Final = tuple(SESSION_COLUMNS.split(", "))
 
 
 # --- revocation (Redis) ------------------------------------------------------------------------
@@ -182,44 +184,63 @@ async def _active_role(conn: asyncpg.Connection, user_id: str, org_id: str) -> s
     return role
 
 
-async def start_session(
-    conn: asyncpg.Connection, settings: Settings, *, project_id: str, user_id: str,
-    auth_method: str, ip: str | None, user_agent: str | None, iat: int,
-    organization_id: str | None = None,
-) -> tuple[dict[str, Any], str | None, str]:
-    """Create a session in ``conn``'s transaction; returns (session body, role, refresh token).
+_START: Final = f"""
+WITH u AS (
+    UPDATE users SET last_sign_in_at = now(),
+           email_verified = email_verified OR $11, phone_verified = phone_verified OR $12
+    WHERE id = $3 RETURNING {{user_columns}}
+), m AS (
+    SELECT organization_id, role FROM memberships
+    WHERE user_id = $3 AND status = 'active' AND ($4::text IS NULL OR organization_id = $4)
+    LIMIT 2
+), pick AS (
+    SELECT CASE WHEN count(*) = 1 THEN min(organization_id) END AS organization_id,
+           CASE WHEN count(*) = 1 THEN min(role) END AS role
+    FROM m
+), s AS (
+    INSERT INTO sessions (id, project_id, user_id, organization_id, auth_method, ip, user_agent,
+                          expires_at, access_expires_at)
+    SELECT $1, $2, $3, pick.organization_id, $5, $6, $7, now() + $8::interval, to_timestamp($9)
+    FROM pick
+    RETURNING {SESSION_COLUMNS}
+), r AS (
+    INSERT INTO refresh_tokens (token_hash, session_id, generation) SELECT $10, s.id, 1 FROM s
+), e AS (
+    {audit.insert_from("s", 13, more_metadata="jsonb_build_object('organization_id', s.organization_id)")}
+)
+SELECT s.*, pick.role, {{user_fields}} FROM s, pick, u
+"""
 
-    The organization is ``organization_id`` when given (an accepted invitation), else the one
-    organization of a user with exactly one active membership (SPEC.md 3), else none.
+
+async def start_session(
+    conn: asyncpg.Connection, settings: Settings, *, session_id: str, project_id: str,
+    user_id: str, auth_method: str, ip: str | None, user_agent: str | None, iat: int,
+    event: list[Any], organization_id: str | None = None,
+    verified: Literal["email", "sms"] | None = None,
+) -> tuple[dict[str, Any], str | None, str, dict[str, Any]]:
+    """Sign ``user_id`` in, in ``conn``'s transaction and in one statement: the session
+    ``session_id`` (``new_id("sess")``), its first refresh token, the user's
+    ``last_sign_in_at`` (and the ``verified`` channel marked verified) and the audit ``event``
+    (``audit.event_values``; the organization picked is merged into its metadata).
+    Returns (session body, role, refresh token, user).
+
+    The organization is ``organization_id`` when given (an accepted invitation) and the
+    membership there is active, else the one organization of a user with exactly one active
+    membership (SPEC.md 3), else none. Raises NoSession when the user was deleted meanwhile.
     """
-    role: str | None = None
-    if organization_id is not None:
-        role = await _active_role(conn, user_id, organization_id)
-        if role is None:
-            organization_id = None
-    else:
-        only = await conn.fetch(
-            """SELECT organization_id, role FROM memberships
-               WHERE user_id = $1 AND status = 'active' LIMIT 2""", user_id,
-        )
-        if len(only) == 1:
-            organization_id, role = only[0]["organization_id"], only[0]["role"]
-    session_id = new_id("sess")
+    refresh, digest = new_refresh_token()
     row = await conn.fetchrow(
-        f"""INSERT INTO sessions (id, project_id, user_id, organization_id, auth_method, ip,
-                                  user_agent, expires_at, access_expires_at)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::interval, to_timestamp($9))
-            RETURNING {SESSION_COLUMNS}""",
+        _START.format(user_columns=users.USER_COLUMNS,
+                      user_fields=", ".join(f"u.{f} AS user_{f}" for f in users.USER_FIELDS)),
         session_id, project_id, user_id, organization_id, auth_method, ip, user_agent,
         timedelta(seconds=settings.session_ttl_seconds), iat + settings.access_token_ttl_seconds,
+        digest, verified == "email", verified == "sms", *event,
     )
-    refresh, digest = new_refresh_token()
-    await conn.execute(
-        "INSERT INTO refresh_tokens (token_hash, session_id, generation) VALUES ($1, $2, 1)",
-        digest, session_id,
-    )
-    assert row is not None
-    return _session_body(row, role), role, refresh
+    if row is None:
+        raise NoSession("The user no longer exists.", details={"reason": "session_revoked"})
+    session = {k: row[k] for k in _SESSION_FIELDS}
+    user = {k: row[f"user_{k}"] for k in users.USER_FIELDS}
+    return _session_body(session, row["role"]), row["role"], refresh, user
 
 
 async def grant(
@@ -246,6 +267,7 @@ def grant_response(request: web.Request, g: Grant, *, status: int = 200) -> web.
     return response
 
 
+@functools.lru_cache(maxsize=8)
 def _secure_cookies(settings: Settings) -> bool:
     return not (settings.public_base_url.startswith("http://") and settings.base_url_is_local)
 
@@ -381,86 +403,50 @@ class _Rotated:
 async def refresh(conn: asyncpg.Connection, settings: Settings, request: web.Request,
                   token: str, iat: int) -> _Rotated | Revoked:
     """Rotate ``token``; returns the new state, or the Revoked session when ``token`` was a
-    rotated one presented again (the revocation is committed; the caller raises NoSession).
+    rotated one presented again (the revocation is committed with its ``session.revoked``
+    event; the caller publishes it and raises NoSession).
 
-    A rotated token is forgiven (rotated again) only if the client presented it before, less than
-    the grace period ago, and no newer generation has been presented since: the client retrying
-    after a lost response, or its requests racing. A token that was superseded without ever
-    being presented, or one older than a presented successor, means two parties hold the
-    session's tokens.
+    The rotation is one statement, ``authio_refresh_session`` (migration 0003): it locks the
+    session, then reads the token's state. A rotated token is forgiven (rotated again) only if
+    the client presented it before, less than the grace period ago, and no newer generation has
+    been presented since: the client retrying after a lost response, or its requests racing. A
+    token that was superseded without ever being presented, or one older than a presented
+    successor, means two parties hold the session's tokens.
     Raises NoSession for an unknown token or an inactive session.
     """
-    digest = token_digest(token)
-    async with conn.transaction():
-        # Lock the session first; the token's state is read after, in a fresh snapshot, so
-        # concurrent refreshes of one session are serialised and each sees the last one's work.
-        session = await conn.fetchrow(
-            """SELECT id, project_id, user_id, organization_id, status,
-                      now() > expires_at AS expired, access_expires_at
-               FROM sessions
-               WHERE id = (SELECT session_id FROM refresh_tokens WHERE token_hash = $1)
-               FOR UPDATE""", digest,
-        )
-        if session is None:
-            raise NoSession("Unknown refresh token.", details={"reason": "unknown_refresh_token"})
-        if session["status"] != "active":
-            raise NoSession("The session was revoked.", details={"reason": "session_revoked"})
-        if session["expired"]:
-            raise NoSession("The session expired.", details={"reason": "session_expired"})
-        sid = session["id"]
-        state = await conn.fetchrow(
-            """SELECT t.generation, t.rotated_at IS NOT NULL AS rotated,
-                      coalesce(t.used_at > now() - $3::interval, false) AS in_grace,
-                      (SELECT max(generation) FROM refresh_tokens WHERE session_id = $2) AS latest,
-                      EXISTS (SELECT 1 FROM refresh_tokens n WHERE n.session_id = $2
-                              AND n.generation > t.generation AND n.used_at IS NOT NULL)
-                        AS successor_used
-               FROM refresh_tokens t WHERE t.token_hash = $1""",
-            digest, sid, timedelta(seconds=settings.refresh_reuse_grace_seconds),
-        )
-        assert state is not None
-        if state["rotated"] and (not state["in_grace"] or state["successor_used"]):
-            revoked = await revoke_session(conn, sid, reason="refresh_token_reused")
-            assert revoked is not None  # locked and active above
+    new_token, new_digest = new_refresh_token()
+    row = await conn.fetchrow(
+        "SELECT * FROM authio_refresh_session($1, $2, $3, to_timestamp($4))",
+        token_digest(token), new_digest, timedelta(seconds=settings.refresh_reuse_grace_seconds),
+        iat + settings.access_token_ttl_seconds,
+    )
+    assert row is not None
+    outcome, sess = row["outcome"], row["sess"]
+    if outcome == "unknown":
+        raise NoSession("Unknown refresh token.", details={"reason": "unknown_refresh_token"})
+    if outcome == "revoked":
+        raise NoSession("The session was revoked.", details={"reason": "session_revoked"})
+    if outcome == "expired":
+        raise NoSession("The session expired.", details={"reason": "session_expired"})
+    if outcome == "reused":
+        async with conn.transaction():
+            revoked = await revoke_session(conn, sess["id"], reason="refresh_token_reused")
+            if revoked is None:  # revoked meanwhile by another request
+                raise NoSession("The session was revoked.", details={"reason": "session_revoked"})
             await audit.record(
-                conn, _user_actor(request, session["user_id"]), action="session.revoked",
-                project_id=session["project_id"], target_type="session", target_id=sid,
-                user_id=session["user_id"],
+                conn, _user_actor(request, sess["user_id"]), action="session.revoked",
+                project_id=sess["project_id"], target_type="session", target_id=sess["id"],
+                user_id=sess["user_id"],
                 description="Revoked the session: a rotated refresh token was presented again",
-                metadata={"reason": "refresh_token_reused", "generation": state["generation"],
-                          "latest_generation": state["latest"]},
+                metadata={"reason": "refresh_token_reused", "generation": row["generation"],
+                          "latest_generation": row["latest"]},
             )
-            return revoked[1]
-        new_token, new_digest = new_refresh_token()
-        org_id = session["organization_id"]
-        row = await conn.fetchrow(
-            # One UPDATE marks the presented token used and the current one superseded: two
-            # data-modifying CTEs must not touch the same row.
-            f"""WITH rotated AS (
-                    UPDATE refresh_tokens SET rotated_at = coalesce(rotated_at, now()),
-                           used_at = CASE WHEN token_hash = $2 THEN coalesce(used_at, now())
-                                          ELSE used_at END
-                    WHERE session_id = $1 AND (rotated_at IS NULL OR token_hash = $2)
-                ), issued AS (
-                    INSERT INTO refresh_tokens (token_hash, session_id, generation)
-                    VALUES ($3, $1, $4)
-                ), role AS (
-                    SELECT role FROM memberships
-                    WHERE user_id = $5 AND organization_id = $6 AND status = 'active'
-                )
-                UPDATE sessions SET last_refreshed_at = now(),
-                       organization_id = CASE WHEN EXISTS (SELECT 1 FROM role) THEN $6 END,
-                       access_expires_at = greatest(access_expires_at, to_timestamp($7))
-                WHERE id = $1
-                RETURNING {SESSION_COLUMNS}, (SELECT role FROM role) AS role""",
-            sid, digest, new_digest, state["latest"] + 1, session["user_id"], org_id,
-            iat + settings.access_token_ttl_seconds,
-        )
-        assert row is not None
-        srow = dict(row)
-        role = srow.pop("role")  # None: suspended or removed since, the org context is dropped
-        user = await _user(conn, session["user_id"])
-    return _Rotated(_session_body(srow, role), user, session["project_id"], role, new_token)
+        return revoked[1]
+    assert outcome == "rotated"
+    role = row["role"]  # None: the membership ended since, the org context was dropped
+    session = _session_body({k: sess[k] for k in _SESSION_FIELDS}, role)
+    user = {k: row[k] for k in users.USER_FIELDS}
+    return _Rotated(session, user, sess["project_id"], role, new_token)
 
 
 async def post_refresh(request: web.Request) -> web.Response:

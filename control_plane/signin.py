@@ -25,7 +25,6 @@ from common.auth import token_digest
 from common.errors import ServiceError, TokenConsumed, TokenExpired, TokenInvalidOrExpired
 from common.http import RequestModel, client_ip, json_response, parse_body
 from common.ids import new_id
-from common.settings import Settings
 from control_plane import audit, invitations, sessions, users
 from control_plane.appkeys import KMS, TOKENS
 from control_plane.destinations import Channel, classify_destination
@@ -114,13 +113,31 @@ class SignIn:
 _FAILURES: Final = {"consumed": TokenConsumed, "expired": TokenExpired}
 
 
+# The token is used up and the user its destination names looked up in one statement.
+_CONSUME: Final = """
+WITH t AS (
+    UPDATE magic_link_tokens SET consumed_at = now()
+    WHERE token_hash = $1 AND consumed_at IS NULL AND expires_at > now()
+      AND ($2::text IS NULL OR project_id = $2)
+    RETURNING project_id, purpose, channel, destination, user_id, invitation_id
+)
+SELECT t.*, found.id AS found_user_id FROM t LEFT JOIN LATERAL (
+    SELECT id FROM users
+    WHERE t.channel = 'email' AND project_id = t.project_id AND lower(email) = lower(t.destination)
+    UNION ALL
+    SELECT id FROM users
+    WHERE t.channel = 'sms' AND project_id = t.project_id AND phone_number = t.destination
+) found ON true
+"""
+
+
 async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat: int) -> SignIn:
     """Consume ``token`` and sign its owner in, in one transaction: the user (created on first
     sign-in, destination marked verified), an invitation's membership, the session, and
     ``auth.signin_attempt``. A refused token records a failed attempt (when its project is
     known) and raises TokenConsumed, TokenExpired or TokenInvalidOrExpired (410), or
-    InvitationNotPending (409) for an invitation revoked or expired since."""
-    settings = request.app[SETTINGS]
+    InvitationNotPending (409) for an invitation revoked or expired since; a link refused
+    after it was used up stays used up."""
     named = request.query.get("project_id") or request.headers.get(PROJECT_HEADER)
     actor = audit.actor_from_request(request, actor_type="user")
     attempt = {"method": "magic_link", "device": _device(request), "ip": actor.ip,
@@ -128,13 +145,7 @@ async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat
     digest = token_digest(token)
     failure: ServiceError | None = None
     async with conn.transaction():
-        row = await conn.fetchrow(
-            """UPDATE magic_link_tokens SET consumed_at = now()
-               WHERE token_hash = $1 AND consumed_at IS NULL AND expires_at > now()
-                 AND ($2::text IS NULL OR project_id = $2)
-               RETURNING project_id, purpose, channel, destination, user_id, invitation_id""",
-            digest, named,
-        )
+        row = await conn.fetchrow(_CONSUME, digest, named)
         if row is None:
             known = await conn.fetchrow(
                 """SELECT project_id, user_id, purpose, channel,
@@ -146,13 +157,19 @@ async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat
                 raise TokenInvalidOrExpired()  # no project of ours to record it in
             failure = _FAILURES[known["state"]]()
             await _refused(conn, actor, attempt, known, failure)
-        else:
+        elif row["user_id"] is not None and row["user_id"] != row["found_user_id"]:
+            # The user's address changed since the link was sent: it no longer proves control.
+            failure = TokenInvalidOrExpired()
+            await _refused(conn, actor, attempt, row, failure)
+        elif row["purpose"] == "invitation":
             try:
                 async with conn.transaction():  # a savepoint: a refusal keeps the token used up
-                    return await _sign_in(request, conn, settings, row, actor, attempt, iat)
+                    return await _sign_in(request, conn, row, actor, attempt, iat)
             except ServiceError as err:
                 failure = err
                 await _refused(conn, actor, attempt, row, failure)
+        else:
+            return await _sign_in(request, conn, row, actor, attempt, iat)
     assert failure is not None
     raise failure
 
@@ -170,67 +187,62 @@ async def _refused(conn: asyncpg.Connection, actor: audit.Actor, attempt: dict[s
 
 
 async def _create_user(conn: asyncpg.Connection, actor: audit.Actor, project_id: str,
-                       channel: Channel, destination: str) -> asyncpg.Record:
-    """The user a first sign-in by ``destination`` creates (verified: the link proved it), with
-    ``user.created``. Another request may be creating the same user at this moment (a second
-    link, POST /v1/users): the unique index decides, and the loser reads the winner's row."""
-    user = await conn.fetchrow(
-        f"""INSERT INTO users (id, project_id, email, email_verified, phone_number, phone_verified)
-            VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING {users.USER_COLUMNS}""",
-        new_id("user"), project_id, destination if channel == "email" else None,
-        channel == "email", destination if channel == "sms" else None, channel == "sms",
-    )
-    if user is None:
-        user = await _user_by_destination(conn, project_id, channel, destination)
-        assert user is not None
-        return user
-    await audit.record(
-        conn, replace(actor, id=user["id"]), action="user.created", project_id=project_id,
-        target_type="user", target_id=user["id"], user_id=user["id"],
+                       channel: Channel, destination: str) -> str:
+    """The id of the user a first sign-in by ``destination`` creates (verified: the link proved
+    it), with ``user.created`` in the same statement. Another request may be creating the same
+    user at this moment (a second link, POST /v1/users): the unique index decides, and the
+    loser takes the winner's row."""
+    user_id = new_id("user")
+    event = audit.event_values(
+        replace(actor, id=user_id), action="user.created", project_id=project_id,
+        target_type="user", target_id=user_id, user_id=user_id,
         description=f"Created user on first sign-in by {channel}",
         metadata={"source": "magic_link", "channel": channel},
     )
-    return user
+    created = await conn.fetchval(
+        f"""WITH u AS (
+                INSERT INTO users (id, project_id, email, email_verified, phone_number, phone_verified)
+                VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING id
+            ), e AS ({audit.insert_from("u", 7)})
+            SELECT id FROM u""",
+        user_id, project_id, destination if channel == "email" else None, channel == "email",
+        destination if channel == "sms" else None, channel == "sms", *event,
+    )
+    if created is not None:
+        return str(created)
+    existing = await _user_by_destination(conn, project_id, channel, destination)
+    assert existing is not None
+    return str(existing["id"])
 
 
 async def _sign_in(
-    request: web.Request, conn: asyncpg.Connection, settings: Settings, token: asyncpg.Record,
-    actor: audit.Actor, attempt: dict[str, Any], iat: int,
+    request: web.Request, conn: asyncpg.Connection, token: asyncpg.Record, actor: audit.Actor,
+    attempt: dict[str, Any], iat: int,
 ) -> SignIn:
-    project_id, channel, destination = token["project_id"], token["channel"], token["destination"]
-    user = await _user_by_destination(conn, project_id, channel, destination)
-    if token["user_id"] is not None and (user is None or user["id"] != token["user_id"]):
-        # The user's address changed since the link was sent: it no longer proves control.
-        raise TokenInvalidOrExpired()
-    if user is None:
-        user = await _create_user(conn, actor, project_id, channel, destination)
-    user = await conn.fetchrow(
-        f"""UPDATE users SET last_sign_in_at = now(),
-                   email_verified = email_verified OR $2, phone_verified = phone_verified OR $3
-            WHERE id = $1 RETURNING {users.USER_COLUMNS}""",
-        user["id"], channel == "email", channel == "sms",
-    )
-    assert user is not None
-    actor = replace(actor, id=user["id"])
+    project_id, channel = token["project_id"], token["channel"]
+    user_id = token["found_user_id"] or await _create_user(conn, actor, project_id, channel,
+                                                           token["destination"])
+    actor = replace(actor, id=user_id)
     organization_id = None
     if token["purpose"] == "invitation":
         membership = await invitations.accept(
             conn, actor, project_id=project_id, invitation_id=token["invitation_id"],
-            user_id=user["id"],
+            user_id=user_id,
         )
         organization_id = membership["organization_id"]
-    session, role, refresh_token = await sessions.start_session(
-        conn, settings, project_id=project_id, user_id=user["id"], auth_method="magic_link",
-        ip=actor.ip, user_agent=actor.user_agent, iat=iat, organization_id=organization_id,
-    )
-    await audit.record(
-        conn, actor, action="auth.signin_attempt", project_id=project_id, target_type="session",
-        target_id=session["id"], user_id=user["id"], description="Signed in by magic link",
+    session_id = new_id("sess")
+    event = audit.event_values(
+        actor, action="auth.signin_attempt", project_id=project_id, target_type="session",
+        target_id=session_id, user_id=user_id, description="Signed in by magic link",
         metadata={**attempt, "outcome": "success", "channel": channel,
-                  "purpose": token["purpose"], "session_id": session["id"],
-                  "organization_id": session["organization_id"]},
+                  "purpose": token["purpose"], "session_id": session_id},
     )
-    return SignIn(project_id, session, dict(user), role, refresh_token)
+    session, role, refresh_token, user = await sessions.start_session(
+        conn, request.app[SETTINGS], session_id=session_id, project_id=project_id,
+        user_id=user_id, auth_method="magic_link", ip=actor.ip, user_agent=actor.user_agent,
+        iat=iat, event=event, organization_id=organization_id, verified=channel,
+    )
+    return SignIn(project_id, session, user, role, refresh_token)
 
 
 async def post_verify(request: web.Request) -> web.Response:

@@ -45,6 +45,7 @@ USER_COLUMNS: Final = (
     "id, email, email_verified, phone_number, phone_verified, name, metadata, created_at, "
     "updated_at, last_sign_in_at"
 )
+USER_FIELDS: Final = tuple(USER_COLUMNS.split(", "))
 READ_SCOPES: Final = ("users:read", "users:write")
 WRITE_SCOPE: Final = "users:write"
 MAX_METADATA_BYTES: Final = 16 * 1024
