@@ -184,12 +184,14 @@ async def _active_role(conn: asyncpg.Connection, user_id: str, org_id: str) -> s
     return role
 
 
+USER_UPDATE: Final = """
+UPDATE users SET last_sign_in_at = now(),
+       email_verified = email_verified OR $11, phone_verified = phone_verified OR $12
+WHERE id = $3 {condition} RETURNING {user_columns}"""
+
 _START: Final = f"""
-WITH u AS (
-    UPDATE users SET last_sign_in_at = now(),
-           email_verified = email_verified OR $11, phone_verified = phone_verified OR $12
-    WHERE id = $3 RETURNING {{user_columns}}
-), m AS (
+WITH {{head}},
+m AS (
     SELECT organization_id, role FROM memberships
     WHERE user_id = $3 AND status = 'active' AND ($4::text IS NULL OR organization_id = $4)
     LIMIT 2
@@ -201,7 +203,7 @@ WITH u AS (
     INSERT INTO sessions (id, project_id, user_id, organization_id, auth_method, ip, user_agent,
                           expires_at, access_expires_at)
     SELECT $1, $2, $3, pick.organization_id, $5, $6, $7, now() + $8::interval, to_timestamp($9)
-    FROM pick
+    FROM pick, u{{gate}}
     RETURNING {SESSION_COLUMNS}
 ), r AS (
     INSERT INTO refresh_tokens (token_hash, session_id, generation) SELECT $10, s.id, 1 FROM s
@@ -216,27 +218,36 @@ async def start_session(
     conn: asyncpg.Connection, settings: Settings, *, session_id: str, project_id: str,
     user_id: str, auth_method: str, ip: str | None, user_agent: str | None, iat: int,
     event: list[Any], organization_id: str | None = None,
-    verified: Literal["email", "sms"] | None = None,
-) -> tuple[dict[str, Any], str | None, str, dict[str, Any]]:
-    """Sign ``user_id`` in, in ``conn``'s transaction and in one statement: the session
-    ``session_id`` (``new_id("sess")``), its first refresh token, the user's
-    ``last_sign_in_at`` (and the ``verified`` channel marked verified) and the audit ``event``
-    (``audit.event_values``; the organization picked is merged into its metadata).
-    Returns (session body, role, refresh token, user).
+    verified: Literal["email", "sms"] | None = None, head: str | None = None,
+    gate: str = "", head_args: Sequence[Any] = (),
+) -> tuple[dict[str, Any], str | None, str, dict[str, Any]] | None:
+    """Sign ``user_id`` in, in one statement: the session ``session_id`` (``new_id("sess")``),
+    its first refresh token, the user's ``last_sign_in_at`` (and the ``verified`` channel marked
+    verified) and the audit ``event`` (``audit.event_values``; the organization picked is merged
+    into its metadata). Returns (session body, role, refresh token, user).
 
     The organization is ``organization_id`` when given (an accepted invitation) and the
     membership there is active, else the one organization of a user with exactly one active
-    membership (SPEC.md 3), else none. Raises NoSession when the user was deleted meanwhile.
+    membership (SPEC.md 3), else none.
+
+    ``head`` replaces the CTE ``u`` (``USER_UPDATE``), which yields the user's row: a caller may
+    create the user there, or make the sign-in conditional on CTEs of its own, named in ``gate``
+    (``", t"``: the session is inserted only if ``u`` and ``t`` yield rows; otherwise nothing of
+    this function's is written and None is returned), with ``head_args`` as parameters ``$26``
+    on. Without ``head``, a user deleted meanwhile raises NoSession.
     """
     refresh, digest = new_refresh_token()
+    user_head = head or f"u AS ({USER_UPDATE.format(condition='', user_columns=users.USER_COLUMNS)})"
     row = await conn.fetchrow(
-        _START.format(user_columns=users.USER_COLUMNS,
+        _START.format(head=user_head, gate=gate,
                       user_fields=", ".join(f"u.{f} AS user_{f}" for f in users.USER_FIELDS)),
         session_id, project_id, user_id, organization_id, auth_method, ip, user_agent,
         timedelta(seconds=settings.session_ttl_seconds), iat + settings.access_token_ttl_seconds,
-        digest, verified == "email", verified == "sms", *event,
+        digest, verified == "email", verified == "sms", *event, *head_args,
     )
     if row is None:
+        if head is not None:
+            return None
         raise NoSession("The user no longer exists.", details={"reason": "session_revoked"})
     session = {k: row[k] for k in _SESSION_FIELDS}
     user = {k: row[f"user_{k}"] for k in users.USER_FIELDS}

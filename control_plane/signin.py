@@ -113,22 +113,55 @@ class SignIn:
 _FAILURES: Final = {"consumed": TokenConsumed, "expired": TokenExpired}
 
 
-# The token is used up and the user its destination names looked up in one statement.
-_CONSUME: Final = """
+# The user a token's destination names (the token as ``t``).
+_FOUND_USER: Final = """LEFT JOIN LATERAL (
+    SELECT id FROM users
+    WHERE t.channel = 'email' AND project_id = t.project_id AND lower(email) = lower(t.destination)
+    UNION ALL
+    SELECT id FROM users
+    WHERE t.channel = 'sms' AND project_id = t.project_id AND phone_number = t.destination
+) found ON true"""
+
+# The token is used up and its user looked up in one statement (the general path).
+_CONSUME: Final = f"""
 WITH t AS (
     UPDATE magic_link_tokens SET consumed_at = now()
     WHERE token_hash = $1 AND consumed_at IS NULL AND expires_at > now()
       AND ($2::text IS NULL OR project_id = $2)
     RETURNING project_id, purpose, channel, destination, user_id, invitation_id
 )
-SELECT t.*, found.id AS found_user_id FROM t LEFT JOIN LATERAL (
-    SELECT id FROM users
-    WHERE t.channel = 'email' AND project_id = t.project_id AND lower(email) = lower(t.destination)
-    UNION ALL
-    SELECT id FROM users
-    WHERE t.channel = 'sms' AND project_id = t.project_id AND phone_number = t.destination
-) found ON true
+SELECT t.*, found.id AS found_user_id FROM t {_FOUND_USER}
 """
+
+# The fast path: a usable sign-in or enrollment link (not an invitation's), read without a lock.
+_LOOKUP: Final = f"""
+SELECT t.project_id, t.purpose, t.channel, t.destination, t.user_id, found.id AS found_user_id
+FROM magic_link_tokens t {_FOUND_USER}
+WHERE t.token_hash = $1 AND t.consumed_at IS NULL AND t.expires_at > now()
+  AND ($2::text IS NULL OR t.project_id = $2) AND t.purpose <> 'invitation'
+"""
+
+# Used up only if still usable, still the lookup's, and (a known user) its user still has the
+# destination: sessions.start_session inserts nothing unless this CTE ``t`` yields a row.
+_GATE: Final = """t AS (
+    UPDATE magic_link_tokens SET consumed_at = now()
+    WHERE token_hash = $26 AND consumed_at IS NULL AND expires_at > now() AND project_id = $2
+      AND purpose <> 'invitation' AND {condition}
+    RETURNING 1
+)"""
+_KNOWN_USER: Final = """(user_id IS NULL OR user_id = $3) AND EXISTS (
+        SELECT 1 FROM users x WHERE x.id = $3 AND (
+            (channel = 'email' AND lower(x.email) = lower(destination))
+            OR (channel = 'sms' AND x.phone_number = destination)))"""
+# A first sign-in creates the user (verified: the link proved the destination) with
+# ``user.created``; a concurrent creation of the same user wins, and this one writes nothing.
+_NEW_USER: Final = f"""u AS (
+    INSERT INTO users (id, project_id, email, email_verified, phone_number, phone_verified,
+                       last_sign_in_at)
+    VALUES ($3, $2, $27, $11, $28, $12, now()) ON CONFLICT DO NOTHING
+    RETURNING {users.USER_COLUMNS}
+), {_GATE.format(condition="user_id IS NULL AND EXISTS (SELECT 1 FROM u)")},
+uc AS ({audit.insert_from("u", 29)})"""
 
 
 async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat: int) -> SignIn:
@@ -143,6 +176,9 @@ async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat
     attempt = {"method": "magic_link", "device": _device(request), "ip": actor.ip,
                "user_agent": actor.user_agent}
     digest = token_digest(token)
+    fast = await _fast_sign_in(request, conn, digest, named, actor, attempt, iat)
+    if fast is not None:
+        return fast
     failure: ServiceError | None = None
     async with conn.transaction():
         row = await conn.fetchrow(_CONSUME, digest, named)
@@ -172,6 +208,60 @@ async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat
             return await _sign_in(request, conn, row, actor, attempt, iat)
     assert failure is not None
     raise failure
+
+
+async def _fast_sign_in(
+    request: web.Request, conn: asyncpg.Connection, digest: bytes, named: str | None,
+    actor: audit.Actor, attempt: dict[str, Any], iat: int,
+) -> SignIn | None:
+    """The common sign-in in two round trips and no explicit transaction: a lookup, then one
+    statement that uses the link up only if it is still usable and signs in (creating the user on
+    a first sign-in). None whenever anything is unusual (an invitation link, a refused or raced
+    link): the general path then decides and explains, in a transaction of its own."""
+    token = await conn.fetchrow(_LOOKUP, digest, named)
+    if token is None or (token["user_id"] is not None and token["user_id"] != token["found_user_id"]):
+        return None
+    project_id, channel, destination = token["project_id"], token["channel"], token["destination"]
+    user_id = token["found_user_id"] or new_id("user")
+    head_args: list[Any] = [digest]
+    if token["found_user_id"] is not None:
+        head = (f"{_GATE.format(condition=_KNOWN_USER)}, u AS ("
+                + sessions.USER_UPDATE.format(condition="AND EXISTS (SELECT 1 FROM t)",
+                                              user_columns=users.USER_COLUMNS) + ")")
+    else:
+        head = _NEW_USER
+        head_args += [
+            destination if channel == "email" else None, destination if channel == "sms" else None,
+            *audit.event_values(
+                replace(actor, id=user_id), action="user.created", project_id=project_id,
+                target_type="user", target_id=user_id, user_id=user_id,
+                description=f"Created user on first sign-in by {channel}",
+                metadata={"source": "magic_link", "channel": channel}),
+        ]
+    actor = replace(actor, id=user_id)
+    session_id = new_id("sess")
+    started = await sessions.start_session(
+        conn, request.app[SETTINGS], session_id=session_id, project_id=project_id,
+        user_id=user_id, auth_method="magic_link", ip=actor.ip, user_agent=actor.user_agent,
+        iat=iat, event=_signed_in(actor, attempt, token, session_id), verified=channel, head=head,
+        gate=", t", head_args=head_args,
+    )
+    if started is None:
+        return None
+    session, role, refresh_token, user = started
+    return SignIn(project_id, session, user, role, refresh_token)
+
+
+def _signed_in(actor: audit.Actor, attempt: dict[str, Any], token: asyncpg.Record,
+               session_id: str) -> list[Any]:
+    """The values of a successful ``auth.signin_attempt`` (``actor`` is the user)."""
+    return audit.event_values(
+        actor, action="auth.signin_attempt", project_id=token["project_id"],
+        target_type="session", target_id=session_id, user_id=actor.id,
+        description="Signed in by magic link",
+        metadata={**attempt, "outcome": "success", "channel": token["channel"],
+                  "purpose": token["purpose"], "session_id": session_id},
+    )
 
 
 async def _refused(conn: asyncpg.Connection, actor: audit.Actor, attempt: dict[str, Any],
@@ -231,17 +321,14 @@ async def _sign_in(
         )
         organization_id = membership["organization_id"]
     session_id = new_id("sess")
-    event = audit.event_values(
-        actor, action="auth.signin_attempt", project_id=project_id, target_type="session",
-        target_id=session_id, user_id=user_id, description="Signed in by magic link",
-        metadata={**attempt, "outcome": "success", "channel": channel,
-                  "purpose": token["purpose"], "session_id": session_id},
-    )
-    session, role, refresh_token, user = await sessions.start_session(
+    started = await sessions.start_session(
         conn, request.app[SETTINGS], session_id=session_id, project_id=project_id,
         user_id=user_id, auth_method="magic_link", ip=actor.ip, user_agent=actor.user_agent,
-        iat=iat, event=event, organization_id=organization_id, verified=channel,
+        iat=iat, event=_signed_in(actor, attempt, token, session_id),
+        organization_id=organization_id, verified=channel,
     )
+    assert started is not None  # no head: raises instead
+    session, role, refresh_token, user = started
     return SignIn(project_id, session, user, role, refresh_token)
 
 

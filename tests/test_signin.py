@@ -286,7 +286,7 @@ async def test_sign_in_records_attempts_with_device_ip_and_user_agent(
 
 
 async def test_first_sign_in_creates_the_user_and_later_ones_reuse_it(
-    service: Api, project: Project,
+    service: Api, project: Project, db: asyncpg.Pool,
 ) -> None:
     to = email()
     first = await sign_in(project, to, api=service)
@@ -294,6 +294,17 @@ async def test_first_sign_in_creates_the_user_and_later_ones_reuse_it(
                            api=service)
     assert first.user_id == second.user_id
     assert first.session_id != second.session_id
+    [created] = await events(db, project, "user.created")
+    assert created["user_id"] == created["target_id"] == created["actor_id"] == first.user_id
+    assert created["metadata"]["source"] == "magic_link"
+    attempts = await events(db, project, "auth.signin_attempt")
+    assert [e["target_id"] for e in attempts] == [first.session_id, second.session_id]
+    assert all(e["metadata"]["outcome"] == "success" for e in attempts)
+    # Exactly the stored rows the response describes, and each link used up.
+    assert await db.fetchval(
+        "SELECT count(*) FROM magic_link_tokens WHERE project_id = $1 AND consumed_at IS NULL",
+        project.id) == 0
+    assert await db.fetchval("SELECT count(*) FROM sessions WHERE user_id = $1", first.user_id) == 2
 
 
 async def test_existing_user_signs_in_and_gets_verified(service: Api, project: Project) -> None:
