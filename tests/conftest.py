@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,12 +59,12 @@ def _with_db(url: str, db: str) -> str:
     return urlunsplit(parts._replace(path="/" + db))
 
 
-@pytest.fixture(scope="session")
-def database_url() -> Any:
-    """A freshly created and migrated database, dropped after the run."""
-    base = os.environ.get("DATABASE_URL", DEFAULT_PG)
-    name = f"authio_test_{secrets.token_hex(4)}"
-    admin = _with_db(base, "postgres")
+@contextlib.contextmanager
+def migrated_database(server_url: str, label: str) -> Iterator[str]:
+    """A database created and migrated on the server of ``server_url``, dropped on exit; yields
+    its URL. Call it outside a running event loop (a sync fixture)."""
+    name = f"authio_{label}_{secrets.token_hex(4)}"
+    admin = _with_db(server_url, "postgres")
 
     async def admin_exec(sql: str) -> None:
         conn = await asyncpg.connect(admin)
@@ -74,10 +74,33 @@ def database_url() -> Any:
             await conn.close()
 
     asyncio.run(admin_exec(f'CREATE DATABASE "{name}"'))
-    url = _with_db(base, name)
-    upgrade(url)
-    yield url
-    asyncio.run(admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    try:
+        url = _with_db(server_url, name)
+        upgrade(url)
+        yield url
+    finally:
+        asyncio.run(admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    """A freshly created and migrated database, dropped after the run."""
+    with migrated_database(os.environ.get("DATABASE_URL", DEFAULT_PG), "test") as url:
+        yield url
+
+
+async def eventually(probe: Callable[[], Awaitable[Any]], *, within: float = 20.0,
+                     what: str = "condition") -> Any:
+    """Poll the async ``probe`` until it returns something truthy (and return that); fail the
+    test after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

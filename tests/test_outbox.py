@@ -22,8 +22,7 @@ import secrets
 import ssl
 import tempfile
 import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
@@ -52,12 +51,13 @@ from tests.conftest import (
     BOOTSTRAP_TOKEN,
     KMS_KEY,
     Project,
-    _with_db,
     assert_error,
     bootstrap_project,
     combined_app,
+    eventually,
     free_ports,
     mailbox_messages,
+    migrated_database,
     serve_process,
     serving,
     start_app,
@@ -89,19 +89,6 @@ async def enqueue(pool: asyncpg.Pool, project_id: str, destination: str, *, chan
         )
 
 
-async def eventually(probe: Callable[[], Awaitable[Any]], *, within: float = 20.0,
-                     what: str = "condition") -> Any:
-    """Poll ``probe`` until it returns something truthy; fail the test after ``within`` s."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def row(pool: asyncpg.Pool, message_id: str) -> asyncpg.Record:
     found = await pool.fetchrow("SELECT * FROM messages WHERE id = $1", message_id)
     assert found is not None
@@ -119,23 +106,10 @@ async def row_where(pool: asyncpg.Pool, message_id: str,
 # --- a separate database for the delivery tests ------------------------------------------------
 
 
-@pytest_asyncio.fixture(scope="module")
-async def outbox_db(database_url: str) -> AsyncIterator[str]:
-    name = f"authio_outbox_{secrets.token_hex(4)}"
-    admin = _with_db(database_url, "postgres")
-    conn = await asyncpg.connect(admin)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
-    url = _with_db(database_url, name)
-    await asyncio.to_thread(upgrade, url)
-    yield url
-    conn = await asyncpg.connect(admin)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+@pytest.fixture(scope="module")
+def outbox_db(database_url: str) -> Iterator[str]:
+    with migrated_database(database_url, "outbox") as url:
+        yield url
 
 
 @pytest_asyncio.fixture(scope="module")

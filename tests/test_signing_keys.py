@@ -14,11 +14,10 @@ import hmac
 import itertools
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import orjson
@@ -37,7 +36,6 @@ from common.settings import Settings
 from control_plane import signing_keys
 from control_plane.appkeys import KMS, TOKENS
 from control_plane.kms import KmsError, LocalKms
-from control_plane.migrate import upgrade
 from control_plane.tokens import AccessClaims, TokenService
 from tests.conftest import (
     KMS_KEY,
@@ -47,6 +45,8 @@ from tests.conftest import (
     assert_error,
     bootstrap_project,
     combined_app,
+    eventually,
+    migrated_database,
     serving,
 )
 
@@ -144,18 +144,6 @@ def b64(data: bytes) -> str:
 
 def unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-async def wait_for(probe: Callable[[], Any], what: str, within: float = 30.0) -> Any:
-    """Poll the async ``probe`` until it returns something truthy."""
-    deadline = time.monotonic() + within
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 # --- JWKS -----------------------------------------------------------------------------------------
@@ -551,22 +539,9 @@ async def test_listing_is_paginated(project: Project) -> None:
 
 
 @pytest.fixture(scope="module")
-def worker_database_url(database_url: str) -> Any:
-    name = f"authio_test_rotation_{secrets.token_hex(4)}"
-    admin = urlunsplit(urlsplit(database_url)._replace(path="/postgres"))
-
-    async def admin_exec(sql: str) -> None:
-        conn = await asyncpg.connect(admin)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin_exec(f'CREATE DATABASE "{name}"'))
-    url = urlunsplit(urlsplit(database_url)._replace(path="/" + name))
-    upgrade(url)
-    yield url
-    asyncio.run(admin_exec(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+def worker_database_url(database_url: str) -> Iterator[str]:
+    with migrated_database(database_url, "rotation") as url:
+        yield url
 
 
 @pytest.fixture
@@ -594,7 +569,7 @@ async def test_worker_prepublishes_then_rotates(tiny_rotation: Callable[..., Set
             keys = await listed(app_api)
             return [k for k in keys if k["status"] == "pending"]
 
-        [queued] = await wait_for(pending, "a pending key")
+        [queued] = await eventually(pending, what="a pending key")
         # Pending: published in the JWKS, not yet signing; the old key is still the active one.
         published = [k["kid"] for k in (await jwks(api, project.id)).body["keys"]]
         assert published[0] == first and queued["kid"] in published
@@ -605,7 +580,7 @@ async def test_worker_prepublishes_then_rotates(tiny_rotation: Callable[..., Set
             keys = {k["kid"]: k["status"] for k in await listed(app_api)}
             return keys if keys.get(queued["kid"]) == "active" else {}
 
-        statuses = await wait_for(rotated, "the pending key to become active")
+        statuses = await eventually(rotated, what="the pending key to become active")
         assert statuses[first] == "retired"
         events = await audit_rows(db, project.id, "signing_key.rotated")
         assert events[0]["metadata"]["old_kid"] == first
@@ -641,7 +616,7 @@ async def test_two_workers_rotate_once(tiny_rotation: Callable[..., Settings],
             events = await audit_rows(db, project.id, "signing_key.rotated")
             return events if len(events) >= 3 else []
 
-        await wait_for(three_rotations, "three scheduled rotations")
+        await eventually(three_rotations, what="three scheduled rotations")
     db = await asyncpg.connect(worker_database_url)
     try:
         events = [e["metadata"] for e in await audit_rows(db, project.id, "signing_key.rotated")]
