@@ -21,7 +21,7 @@ What it does, in order:
 3. **Sign-in** (``POST /v1/auth/magic-link/verify?project_id=...`` ``{"token"}``): *bench setup*
    inserts ``--users`` magic-link tokens per concurrency level straight into
    ``magic_link_tokens`` (purpose ``signin``, channel ``email``, one hour to live, stored as
-   ``control_plane.magic_links.hash_token`` digests), because in the service the plaintext token
+   ``common.auth.token_digest`` digests), because in the service the plaintext token
    exists only inside the sent message. Half of the e-mails belong to users inserted beforehand
    (an existing user signs in, the token names the user as ``issue_link`` does), half are new (the
    user is created on first sign-in); the two alternate. Each token is redeemed once.
@@ -98,8 +98,9 @@ from bench_http import (  # noqa: E402
     wait_for_quiet,
 )
 
+from common.auth import token_digest as hash_token  # noqa: E402
 from common.ids import new_id  # noqa: E402
-from control_plane.magic_links import VERIFY_PATH, hash_token  # noqa: E402
+from control_plane.magic_links import VERIFY_PATH  # noqa: E402
 
 DEFAULT_PG: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS: Final = "redis://127.0.0.1:6379/0"
@@ -488,8 +489,9 @@ def postgres_processes(dbname: str) -> dict[int, tuple[str, float]]:
             continue
         cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
         parts = cmd.split()
-        # a backend's title: "postgres: 15/main: <user> <database> <host(port)> <state>"
-        if len(parts) >= 5 and parts[0] == "postgres:" and "(" in parts[4]:
+        # a backend's title: "postgres: 15/main: <user> <database> <host(port)|[local]> <state>"
+        if len(parts) >= 5 and parts[0] == "postgres:" and ("(" in parts[4]
+                                                             or parts[4] == "[local]"):
             cls = "bench" if parts[3] == dbname else "other_db"
         else:
             cls = "shared"
@@ -664,8 +666,11 @@ def summarize(cfg: dict[str, Any], kind: str, concurrency: int, results: list[Pr
         kinds.update(r.error_kinds)
     cpu_pcts = [100.0 * r.cpu_seconds / r.window for r in results if r.window > 0]
     client_cores = sum(r.cpu_seconds for r in results) / duration
-    first = sum(1 for t in done_arr if t < 1.0)
-    last = sum(1 for t in done_arr if effective - 1.0 <= t < effective)
+    per_second = [0] * max(1, int(effective))
+    for t in done_arr:
+        if 0 <= t < len(per_second):
+            per_second[int(t)] += 1
+    first, last = per_second[0], per_second[-1]
     ms = 1000.0
     row: dict[str, Any] = {
         "workload": kind,
@@ -677,6 +682,7 @@ def summarize(cfg: dict[str, Any], kind: str, concurrency: int, results: list[Pr
         "requests_per_s": requests / effective if effective > 0 else 0.0,
         "first_second_per_s": first,
         "last_second_per_s": last,
+        "per_second": per_second,
         "latency_ms": {
             "p50": percentile(lat, 0.50) * ms,
             "p90": percentile(lat, 0.90) * ms,
@@ -909,8 +915,11 @@ def parse_statement_log(path: Path, start: int, end: int, dbname: str, ops: int)
                              for sql, c in count.most_common()]}
 
 
+_SAVEPOINT: Final = re.compile(r"__asyncpg_savepoint_[0-9a-f]+__")
+
+
 def _normalise(sql: str) -> str:
-    sql = " ".join(sql.split())
+    sql = _SAVEPOINT.sub("__asyncpg_savepoint_N__", " ".join(sql.split()))
     return sql if len(sql) <= 110 else sql[:107] + "..."
 
 
@@ -996,6 +1005,36 @@ def print_statements(st: dict[str, Any], out: Any) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def one_run(args: argparse.Namespace, cfg: dict[str, Any], kind: str, conc: int,
+            profiled: bool, sessions: list[str], sessions_needed: int, project_id: str,
+            db_url: str, tag: str, pids: list[int]) -> dict[str, Any]:
+    """Set up and run one level: fresh tokens for a sign-in level (keeping refresh tokens
+    for the refresh levels to come), ``conc`` unused sessions (taken from ``sessions``) for a
+    refresh level; profiled runs py-spy the servers instead of measuring."""
+    if kind == "signin":
+        t = time.perf_counter()
+        items = asyncio.run(make_tokens(db_url, project_id, args.users,
+                                        f"{tag}-{secrets.token_hex(4)}"))
+        log(f"bench setup: {len(items)} tokens in {time.perf_counter() - t:.1f} s")
+        keep = max(0, sessions_needed - len(sessions))
+        level_cfg = {**cfg, "keep_refresh": -(-keep // max(1, args.processes))}
+    else:
+        items = sessions[:conc]
+        del sessions[:conc]
+        level_cfg = cfg
+    during = None
+    if profiled:
+        level_cfg = {**level_cfg, "duration": args.profile_seconds + 1.0}
+
+        def during(_s: float) -> dict[str, Any]:
+            return profile_servers(pids, args.profile_seconds, args.profile_dir,
+                                   f"{tag}-{kind}", args.profile_native)
+    log(f"{kind} c={conc}{' (profiling)' if profiled else ''} ...")
+    row = run_level(level_cfg, kind, items, conc, pids, during)
+    sessions.extend(row.pop("refresh_tokens"))
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -1009,6 +1048,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="authio serve control-plane processes to start (one port each)")
     ap.add_argument("--pool-max", type=int, default=None,
                     help="SERVICE_PG_POOL_MAX for the started servers (default: the service's)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="extra environment for the started servers (repeatable), e.g. "
+                         "SERVICE_PG_POOL_MAX=20")
     ap.add_argument("--url", default=None,
                     help="comma-separated URLs of running control planes instead")
     ap.add_argument("--server-pid", default=None, help="with --url: their PIDs, for CPU")
@@ -1024,6 +1066,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=1, help="client processes")
     ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
                     help="before each level wait up to S seconds for an idle machine")
+    ap.add_argument("--noisy-retries", type=int, default=0, metavar="N",
+                    help="rerun a level up to N times while other processes used >= "
+                         f"{NOISY_OTHER_CORES} cores; keep the quietest run")
     ap.add_argument("--profile", action="store_true",
                     help="py-spy the servers during one extra run per workload")
     ap.add_argument("--profile-seconds", type=float, default=10.0)
@@ -1044,8 +1089,13 @@ def main(argv: list[str] | None = None) -> int:
     BENCH_DB_NAME[0] = args.database_name
     db_url = with_db(args.database_url, args.database_name)
     tag = f"bench_identity_{secrets.token_hex(3)}"
-    bootstrap_token = args.bootstrap_token or secrets.token_urlsafe(24)
+    bootstrap_token = args.bootstrap_token or secrets.token_urlsafe(32)
     env = server_env(db_url, args.redis_url, tag, bootstrap_token, args.pool_max)
+    for item in args.server_env:
+        name, sep, value = item.partition("=")
+        if not sep:
+            ap.error(f"--server-env takes NAME=VALUE, not {item!r}")
+        env[name] = value
     servers: list[Server] = []
     info = machine_info()
     log(f"machine: {info['nproc']} CPUs, {info['cpu_model']}, {info['memory_gib']} GiB")
@@ -1069,7 +1119,8 @@ def main(argv: list[str] | None = None) -> int:
             "processes": args.processes, "db_url": db_url,
             "keep_refresh": 0,
         }
-        sessions_needed = sum(levels) + (max(levels) if args.profile else 0)
+        sessions_needed = (sum(levels) * (args.noisy_retries + 1)
+                           + (max(levels) if args.profile else 0))
         rows: list[dict[str, Any]] = []
         profiles: dict[str, Any] = {}
         sessions: list[str] = []
@@ -1078,38 +1129,29 @@ def main(argv: list[str] | None = None) -> int:
         for kind in workloads:
             runs = [(c, False) for c in levels] + ([(max(levels), True)] if args.profile else [])
             for conc, profiled in runs:
-                if args.wait_quiet > 0 and not profiled:
-                    wait_for_quiet(args.wait_quiet)
-                if kind == "signin":
-                    t = time.perf_counter()
-                    items = asyncio.run(make_tokens(db_url, project_id, args.users,
-                                                    f"{tag}-c{conc}{'p' if profiled else ''}"))
-                    log(f"bench setup: {len(items)} tokens in {time.perf_counter() - t:.1f} s")
-                    keep = max(0, sessions_needed - len(sessions))
-                    level_cfg = {**cfg, "keep_refresh": -(-keep // max(1, args.processes))}
-                else:
-                    items, sessions = sessions[:conc], sessions[conc:]
-                    level_cfg = cfg
-                during = None
-                if profiled:
-                    level_cfg = {**level_cfg, "duration": args.profile_seconds + 1.0}
-                    def during(_s: float, kind: str = kind) -> dict[str, Any]:
-                        return profile_servers(pids, args.profile_seconds, args.profile_dir,
-                                               f"{tag}-{kind}", args.profile_native)
-                log(f"{kind} c={conc}{' (profiling)' if profiled else ''} ...")
-                row = run_level(level_cfg, kind, items, conc, pids, during)
-                sessions.extend(row.pop("refresh_tokens"))
-                if profiled:
-                    profiles[kind] = row
-                    log(f"  profiled run: {row['requests_per_s']:.0f} req/s, "
-                        f"{row['profile']['samples']} samples")
-                    continue
-                rows.append(row)
-                lat = row["latency_ms"]
-                log(f"  {row['requests_per_s']:.0f} req/s p50 {lat['p50']:.2f} ms p99 "
-                    f"{lat['p99']:.2f} ms errors {row['errors'] + row['warmup_errors']} "
-                    f"srv {row['server_cpu_cores']:.2f} pg {row['pg_backend_cpu_cores']:.2f}+"
-                    f"{row['pg_shared_cpu_cores']:.2f} other {row['other_cpu_cores']:.2f}")
+                best: dict[str, Any] | None = None
+                for attempt in range(1 if profiled else args.noisy_retries + 1):
+                    if args.wait_quiet > 0 and not profiled:
+                        wait_for_quiet(args.wait_quiet)
+                    row = one_run(args, cfg, kind, conc, profiled, sessions, sessions_needed,
+                                  project_id, db_url, tag, pids)
+                    if profiled:
+                        profiles[kind] = row
+                        log(f"  profiled run: {row['requests_per_s']:.0f} req/s, "
+                            f"{row['profile']['samples']} samples")
+                        break
+                    row["attempt"] = attempt + 1
+                    lat = row["latency_ms"]
+                    log(f"  {row['requests_per_s']:.0f} req/s p50 {lat['p50']:.2f} ms p99 "
+                        f"{lat['p99']:.2f} ms errors {row['errors'] + row['warmup_errors']} "
+                        f"srv {row['server_cpu_cores']:.2f} pg {row['pg_backend_cpu_cores']:.2f}+"
+                        f"{row['pg_shared_cpu_cores']:.2f} other {row['other_cpu_cores']:.2f}")
+                    if best is None or row["other_cpu_cores"] < best["other_cpu_cores"]:
+                        best = row
+                    if not row["noisy"]:
+                        break
+                if best is not None:
+                    rows.append(best)
         statements = None
         if args.count_statements and not args.url:
             log("counting statements per operation ...")
