@@ -98,7 +98,7 @@ from bench_http import (  # noqa: E402
     wait_for_quiet,
 )
 
-from common.auth import token_digest as hash_token  # noqa: E402
+from common.auth import token_digest  # noqa: E402
 from common.ids import new_id  # noqa: E402
 from control_plane.magic_links import VERIFY_PATH  # noqa: E402
 
@@ -290,7 +290,7 @@ async def make_tokens(db_url: str, project_id: str, n: int, tag: str) -> list[st
         if i % 2 == 0:
             user_id = new_id("user")
             users.append((user_id, project_id, email, True))
-        tokens.append((hash_token(token), project_id, "signin", "email", email, user_id, expires))
+        tokens.append((token_digest(token), project_id, "signin", "email", email, user_id, expires))
         plain.append(token)
     conn = await asyncpg.connect(db_url)
     try:

@@ -20,7 +20,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from common.auth import token_digest as hash_token
+from common.auth import token_digest
 from tests.browser import chromium
 from tests.conftest import Api, Project
 from tests.identity import latest_link, send_link, token_of
@@ -107,7 +107,7 @@ async def _mailed_link(service: Api, project: Project) -> tuple[str, str]:
 async def _consumed_at(db: asyncpg.Pool, token: str, email: str) -> Any:
     row = await db.fetchrow(
         "SELECT consumed_at FROM magic_link_tokens WHERE token_hash = $1 AND destination = $2",
-        hash_token(token), email)
+        token_digest(token), email)
     assert row is not None, "the mailed token is not stored"
     return row["consumed_at"]
 
