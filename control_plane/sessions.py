@@ -418,11 +418,13 @@ async def refresh(conn: asyncpg.Connection, settings: Settings, request: web.Req
     event; the caller publishes it and raises NoSession).
 
     The rotation is one statement, ``authio_refresh_session`` (migration 0003): it locks the
-    session, then reads the token's state. A rotated token is forgiven (rotated again) only if
-    the client presented it before, less than the grace period ago, and no newer generation has
-    been presented since: the client retrying after a lost response, or its requests racing. A
-    token that was superseded without ever being presented, or one older than a presented
-    successor, means two parties hold the session's tokens.
+    session, then reads the token's state. A current token rotates every current generation of
+    the session. A rotated token is forgiven (a new generation is added, the others left as
+    they are) only if the client presented it before, less than the grace period ago, and no
+    newer generation has been presented since: the client retrying after a lost response, or its
+    requests racing (each racing answer stays usable until one of them is presented). A token
+    that was superseded without ever being presented, or one older than a presented successor,
+    means two parties hold the session's tokens.
     Raises NoSession for an unknown token or an inactive session.
     """
     new_token, new_digest = new_refresh_token()

@@ -149,19 +149,36 @@ _GATE: Final = """t AS (
       AND purpose <> 'invitation' AND {condition}
     RETURNING 1
 )"""
+# The user is locked before the link (DELETE /v1/users locks the user, then its links through
+# the foreign key: the same order cannot deadlock), and a concurrent change of its address is
+# seen (the lock re-reads the row): a link proves the address it was sent to, nothing else.
 _KNOWN_USER: Final = """(user_id IS NULL OR user_id = $3) AND EXISTS (
         SELECT 1 FROM users x WHERE x.id = $3 AND (
             (channel = 'email' AND lower(x.email) = lower(destination))
-            OR (channel = 'sms' AND x.phone_number = destination)))"""
+            OR (channel = 'sms' AND x.phone_number = destination))
+        FOR NO KEY UPDATE OF x)"""
 # A first sign-in creates the user (verified: the link proved the destination) with
-# ``user.created``; a concurrent creation of the same user wins, and this one writes nothing.
+# ``user.created``, only while the link is usable (locked first, so it stays so); a concurrent
+# creation of the same user wins, and this one writes nothing.
 _NEW_USER: Final = f"""u AS (
     INSERT INTO users (id, project_id, email, email_verified, phone_number, phone_verified,
                        last_sign_in_at)
-    VALUES ($3, $2, $27, $11, $28, $12, now()) ON CONFLICT DO NOTHING
+    SELECT $3, $2, $27, $11, $28, $12, now()
+    WHERE EXISTS (
+        SELECT 1 FROM magic_link_tokens
+        WHERE token_hash = $26 AND consumed_at IS NULL AND expires_at > now() AND project_id = $2
+          AND user_id IS NULL
+        FOR NO KEY UPDATE)
+    ON CONFLICT DO NOTHING
     RETURNING {users.USER_COLUMNS}
 ), {_GATE.format(condition="user_id IS NULL AND EXISTS (SELECT 1 FROM u)")},
 uc AS ({audit.insert_from("u", 29)})"""
+
+# The general path locks the user the link names (if any) before the link, as above.
+_LOCK_USER: Final = f"""
+SELECT 1 FROM users WHERE id = (
+    SELECT found.id FROM magic_link_tokens t {_FOUND_USER} WHERE t.token_hash = $1 LIMIT 1)
+FOR NO KEY UPDATE"""
 
 
 async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat: int) -> SignIn:
@@ -181,6 +198,7 @@ async def redeem(request: web.Request, conn: asyncpg.Connection, token: str, iat
         return fast
     failure: ServiceError | None = None
     async with conn.transaction():
+        await conn.execute(_LOCK_USER, digest)
         row = await conn.fetchrow(_CONSUME, digest, named)
         if row is None:
             known = await conn.fetchrow(

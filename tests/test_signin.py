@@ -17,6 +17,7 @@ import pytest
 from aiohttp import ClientSession
 from jwcrypto import jwk, jwt
 
+from common.ids import new_id
 from common.settings import Settings
 from tests.conftest import Api, Project, assert_error, combined_app, mailbox_messages, serving
 from tests.identity import latest_link, link_in, send_link, sign_in, token_of, verify
@@ -466,3 +467,83 @@ async def test_ip_limit_counts_the_client_behind_a_trusted_proxy(
         assert [await send(f"2001:db8:1:2::{n}") for n in range(1, 4)] == [200, 200, 429]
         # A spoofed left-most entry does not change who the proxy says the client is.
         assert await send("198.51.100.1, 203.0.113.5") == 429
+
+
+# --- races, made deterministic by holding a row lock in a transaction of the test's ----------
+
+
+async def _blocked(task: asyncio.Task[Any]) -> None:
+    """Give ``task`` time to reach the lock the test holds, and check that it waits there."""
+    await asyncio.sleep(0.3)
+    assert not task.done(), task.result()
+
+
+async def test_an_address_changed_during_the_sign_in_is_not_verified(
+    service: Api, project: Project, db: asyncpg.Pool,
+) -> None:
+    to, new_address = email(), email()
+    user = (await project.api.post("/v1/users", {"email": to, "name": "Racer"})).body
+    await send_link(service, project, to)
+    token = token_of(await latest_link(project, to, count=2))
+    async with db.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("UPDATE users SET email = $2, email_verified = false WHERE id = $1",
+                           user["id"], new_address)
+        verifying = asyncio.create_task(verify(service, project, token))
+        await _blocked(verifying)
+        await tx.commit()
+    assert_error(await verifying, 410, "token_invalid_or_expired")
+    stored = await db.fetchrow("SELECT email, email_verified FROM users WHERE id = $1", user["id"])
+    assert stored["email"] == new_address and stored["email_verified"] is False
+    assert await db.fetchval("SELECT count(*) FROM sessions WHERE user_id = $1", user["id"]) == 0
+    [refused] = await events(db, project, "auth.signin_attempt")
+    assert refused["metadata"]["reason"] == "token_invalid_or_expired"
+
+
+async def test_a_user_deleted_during_the_sign_in_gets_no_session(
+    service: Api, project: Project, db: asyncpg.Pool,
+) -> None:
+    to = email()
+    user = (await project.api.post("/v1/users", {"email": to, "name": "Leaver"})).body
+    await send_link(service, project, to)
+    token = token_of(await latest_link(project, to, count=2))
+    async with db.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        # As DELETE /v1/users does: the user's row first, then its links through the foreign
+        # key. A sign-in that locked the link first would deadlock with it here.
+        await conn.execute("SELECT 1 FROM users WHERE id = $1 FOR UPDATE", user["id"])
+        verifying = asyncio.create_task(verify(service, project, token))
+        await _blocked(verifying)
+        await conn.execute("DELETE FROM users WHERE id = $1", user["id"])
+        await tx.commit()
+    r = await verifying
+    assert_error(r, 410, "token_invalid_or_expired")  # not a deadlock's 500
+    assert await db.fetchval("SELECT count(*) FROM users WHERE project_id = $1 AND lower(email) = $2",
+                             project.id, to) == 0
+
+
+async def test_a_first_sign_in_racing_another_creation_signs_in_as_that_user(
+    service: Api, project: Project, db: asyncpg.Pool,
+) -> None:
+    """The fast path yields to the other creation and the general path signs in."""
+    to = email()
+    await send_link(service, project, to)
+    token = token_of(await latest_link(project, to))
+    racer = new_id("user")
+    async with db.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute(
+            "INSERT INTO users (id, project_id, email, name) VALUES ($1, $2, $3, 'Other')",
+            racer, project.id, to)
+        verifying = asyncio.create_task(verify(service, project, token))
+        await _blocked(verifying)
+        await tx.commit()
+    r = await verifying
+    assert r.status == 200, r.body
+    assert r.body["user"]["id"] == racer and r.body["user"]["email_verified"] is True
+    assert await events(db, project, "user.created") == []  # it created nobody
+    [attempt] = await events(db, project, "auth.signin_attempt")
+    assert attempt["metadata"]["outcome"] == "success" and attempt["user_id"] == racer

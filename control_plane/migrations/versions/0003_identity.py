@@ -190,6 +190,7 @@ CREATE TABLE refresh_tokens (
     used_at         timestamptz,  -- presented by the client (and so rotated)
     UNIQUE (session_id, generation)
 );
+CREATE INDEX refresh_tokens_current ON refresh_tokens (session_id) WHERE rotated_at IS NULL;
 
 -- Refresh token rotation in one round trip (control_plane.sessions.refresh). Each statement of a
 -- plpgsql function takes a fresh snapshot, so the token's state is read after the session's row
@@ -234,6 +235,12 @@ BEGIN
            (SELECT max(l.generation) FROM refresh_tokens l WHERE l.session_id = s.id)
       INTO v_generation, v_rotated, v_in_grace, v_latest
       FROM refresh_tokens t WHERE t.token_hash = p_token;
+    IF NOT FOUND THEN  -- deleted since the lock was taken (housekeeping)
+        RETURN QUERY SELECT 'unknown'::text, NULL::integer, NULL::integer, NULL::text,
+                            NULL::sessions, NULL, NULL, NULL::boolean, NULL, NULL::boolean, NULL,
+                            NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
+        RETURN;
+    END IF;
     -- A rotated token is forgiven only if the client presented it before, within the grace,
     -- and no newer generation has been presented since.
     IF v_rotated AND (NOT v_in_grace OR EXISTS (
@@ -244,11 +251,15 @@ BEGIN
                             NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
         RETURN;
     END IF;
-    UPDATE refresh_tokens t
-       SET rotated_at = coalesce(t.rotated_at, now()),
-           used_at = CASE WHEN t.token_hash = p_token THEN coalesce(t.used_at, now()) ELSE t.used_at END
-     WHERE t.token_hash = p_token
-        OR (t.session_id = s.id AND t.generation = v_latest AND t.rotated_at IS NULL);
+    -- A current token rotates every current generation of the session (the one presented is
+    -- marked used, any others a racing retry left are superseded). A forgiven retry only adds a
+    -- generation: the answer that raced it stays usable until one of them is presented.
+    IF NOT v_rotated THEN
+        UPDATE refresh_tokens t
+           SET rotated_at = now(),
+               used_at = CASE WHEN t.token_hash = p_token THEN now() ELSE t.used_at END
+         WHERE t.session_id = s.id AND t.rotated_at IS NULL;
+    END IF;
     INSERT INTO refresh_tokens (token_hash, session_id, generation)
     VALUES (p_new_token, s.id, v_latest + 1);
     IF s.organization_id IS NOT NULL THEN
