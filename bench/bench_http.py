@@ -477,6 +477,18 @@ def percentile(sorted_vals: list[float], q: float) -> float:
     return sorted_vals[min(len(sorted_vals) - 1, int(q * len(sorted_vals)))]
 
 
+def latency_summary(lat: list[float]) -> dict[str, float]:
+    """p50, p90, p99, max and mean in milliseconds of sorted latencies in seconds."""
+    ms = 1000.0
+    return {
+        "p50": percentile(lat, 0.50) * ms,
+        "p90": percentile(lat, 0.90) * ms,
+        "p99": percentile(lat, 0.99) * ms,
+        "max": (lat[-1] * ms) if lat else float("nan"),
+        "mean": (sum(lat) / len(lat) * ms) if lat else float("nan"),
+    }
+
+
 def run_level(cfg: dict[str, Any], workload: Workload, concurrency: int,
               server_pids: list[int]) -> dict[str, Any]:
     procs_n = max(1, min(cfg["processes"], concurrency))
@@ -528,7 +540,6 @@ def run_level(cfg: dict[str, Any], workload: Workload, concurrency: int,
     ncpu = os.cpu_count() or 1
     busy = sys1[0] - sys0[0]
     total = sys1[1] - sys0[1]
-    ms = 1000.0
     return {
         "concurrency": concurrency,
         "processes": procs_n,
@@ -536,13 +547,7 @@ def run_level(cfg: dict[str, Any], workload: Workload, concurrency: int,
         "requests": requests,
         "requests_per_s": requests / duration,
         "checks_per_s": sum(r.checks_ok for r in results) / duration,
-        "latency_ms": {
-            "p50": percentile(lat, 0.50) * ms,
-            "p90": percentile(lat, 0.90) * ms,
-            "p99": percentile(lat, 0.99) * ms,
-            "max": (lat[-1] * ms) if lat else float("nan"),
-            "mean": (sum(lat) / len(lat) * ms) if lat else float("nan"),
-        },
+        "latency_ms": latency_summary(lat),
         "errors": sum(r.errors for r in results),
         "check_errors": sum(r.check_errors for r in results),
         "mismatches": sum(r.mismatches for r in results),

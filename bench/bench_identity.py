@@ -60,7 +60,6 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import ctypes
 import multiprocessing as mp
 import os
 import platform
@@ -68,7 +67,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -88,11 +86,12 @@ ROOT: Final = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
+from bench_audit import _die_with_parent, _free_port  # noqa: E402
 from bench_http import (  # noqa: E402
     CLIENT_BOUND_PCT,
     NOISY_OTHER_CORES,
     RawConnection,
-    percentile,
+    latency_summary,
     pids_cpu_seconds,
     system_cpu,
     wait_for_quiet,
@@ -163,17 +162,6 @@ def kms_key() -> str:
 # --------------------------------------------------------------------------- servers
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:  # preexec_fn: SIGTERM the server when the bench dies first
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes] | None
@@ -209,7 +197,7 @@ def spawn_servers(n: int, env: dict[str, str], tag: str) -> list[Server]:
     ``/tmp/<tag>-server<k>.log``)."""
     servers: list[Server] = []
     for k in range(n):
-        port = free_port()
+        port = _free_port()
         log_path = Path(f"/tmp/{tag}-server{k}.log")
         with open(log_path, "wb") as out:
             proc = subprocess.Popen([*authio_command(), "serve", "control-plane"], cwd=ROOT,
@@ -671,7 +659,6 @@ def summarize(cfg: dict[str, Any], kind: str, concurrency: int, results: list[Pr
         if 0 <= t < len(per_second):
             per_second[int(t)] += 1
     first, last = per_second[0], per_second[-1]
-    ms = 1000.0
     row: dict[str, Any] = {
         "workload": kind,
         "concurrency": concurrency,
@@ -683,13 +670,7 @@ def summarize(cfg: dict[str, Any], kind: str, concurrency: int, results: list[Pr
         "first_second_per_s": first,
         "last_second_per_s": last,
         "per_second": per_second,
-        "latency_ms": {
-            "p50": percentile(lat, 0.50) * ms,
-            "p90": percentile(lat, 0.90) * ms,
-            "p99": percentile(lat, 0.99) * ms,
-            "max": (lat[-1] * ms) if lat else float("nan"),
-            "mean": (sum(lat) / len(lat) * ms) if lat else float("nan"),
-        },
+        "latency_ms": latency_summary(lat),
         "errors": sum(r.errors for r in results),
         "warmup_errors": sum(r.warmup_errors for r in results),
         "dead_refresh_chains": sum(r.dead_workers for r in results),

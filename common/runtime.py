@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
+from typing import Final
 
+import asyncpg
 from aiohttp import web
 from redis.asyncio import Redis
 
@@ -22,6 +25,8 @@ from common.errors import NotReady
 from common.http import envelope_middleware, json_response
 from common.settings import Settings
 from common.telemetry import server_middlewares
+
+log = logging.getLogger("authio.runtime")
 
 
 def base_app(settings: Settings) -> web.Application:
@@ -61,7 +66,22 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await feed
         await redis.aclose()
-        await pool.close()
+        await close_pool(pool)
+
+
+POOL_CLOSE_SECONDS: Final = 10.0
+
+
+async def close_pool(pool: asyncpg.Pool) -> None:
+    """Close ``pool`` gracefully, but not forever: asyncpg's ``close`` waits for every acquired
+    connection to come back, and one a stuck task never returns would hold the shutdown. Past
+    ``POOL_CLOSE_SECONDS`` the remaining connections are terminated, with a warning."""
+    try:
+        await asyncio.wait_for(pool.close(), POOL_CLOSE_SECONDS)
+    except TimeoutError:
+        log.warning("PostgreSQL pool still had connections in use after %.0f s; terminated them",
+                    POOL_CLOSE_SECONDS)
+        pool.terminate()
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -12,9 +12,10 @@ SPEC.md 3 is implemented by these endpoints (S = session cookie or Bearer access
   first selection.
 * ``POST /v1/sessions/refresh`` ``{"refresh_token"}``: authenticated by the refresh token alone
   (the access token may have expired, RFC 6749 6). The refresh token rotates; a rotated token
-  presented again revokes the whole session (reuse detection, as OAuth 2.0 Security BCP
-  (RFC 9700) 4.14.2 recommends), except the immediate predecessor within
-  ``SERVICE_REFRESH_REUSE_GRACE_SECONDS`` so a lost response does not log the user out. The
+  presented again revokes the whole session (reuse detection, as the OAuth 2.0 Security BCP,
+  RFC 9700 4.14.2, recommends), except a token the client presented less than
+  ``SERVICE_REFRESH_REUSE_GRACE_SECONDS`` ago with no newer one presented since, so that a lost
+  response or racing requests do not log the user out (``refresh`` has the rule in full). The
   organization is re-checked: a membership that is no longer active drops the org context.
 * ``POST /v1/sessions/revoke``: revokes the session (every org context: the session id is what
   every token carries), adds it to the Redis revocation set and publishes it, clears the cookie.

@@ -227,6 +227,28 @@ async def serving(http: ClientSession, app: web.Application, *, ready: bool = Tr
         await running.stop()
 
 
+STALL_SECONDS = 120.0
+
+
+@pytest_asyncio.fixture(autouse=True)
+async def report_stalls(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """If a test runs past ``STALL_SECONDS``, print every asyncio task's stack to standard error
+    (thread dumps show only the event loop's select). One full fresh-clone run stalled for some
+    minutes in tests/test_bootstrap.py and went on when the loop was interrupted; this is what
+    the next stall will show."""
+    loop = asyncio.get_running_loop()
+
+    def dump() -> None:
+        print(f"\n--- {request.node.nodeid} has run {STALL_SECONDS:.0f} s; asyncio tasks:",
+              file=sys.stderr)
+        for task in asyncio.all_tasks(loop):
+            task.print_stack(file=sys.stderr)
+
+    handle = loop.call_later(STALL_SECONDS, dump)
+    yield
+    handle.cancel()
+
+
 @pytest_asyncio.fixture(scope="session")
 async def http() -> AsyncIterator[ClientSession]:
     async with ClientSession(timeout=ClientTimeout(total=60)) as session:
