@@ -200,7 +200,8 @@ async def publish_revocation(redis: Redis, prefix: str, digest: str) -> None:
     try:
         # Bounded: the revocation has committed already, and an unreachable Redis must not hold
         # the caller's request open (every cache still drops the key within its TTL).
-        await asyncio.wait_for(redis.publish(revocation_channel(prefix), digest), timeout=1.0)
+        async with asyncio.timeout(1.0):
+            await redis.publish(revocation_channel(prefix), digest)
     except Exception:
         log.warning("could not publish an API key revocation; caches expire it within their TTL",
                     exc_info=True)

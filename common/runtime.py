@@ -77,7 +77,8 @@ async def close_pool(pool: asyncpg.Pool) -> None:
     connection to come back, and one a stuck task never returns would hold the shutdown. Past
     ``POOL_CLOSE_SECONDS`` the remaining connections are terminated, with a warning."""
     try:
-        await asyncio.wait_for(pool.close(), POOL_CLOSE_SECONDS)
+        async with asyncio.timeout(POOL_CLOSE_SECONDS):
+            await pool.close()
     except TimeoutError:
         log.warning("PostgreSQL pool still had connections in use after %.0f s; terminated them",
                     POOL_CLOSE_SECONDS)

@@ -237,7 +237,8 @@ class _Worker:
             if more and len(self._in_flight) < MAX_IN_FLIGHT:
                 continue  # a full batch: more may be due right now
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._settings.outbox_poll_seconds)
+                async with asyncio.timeout(self._settings.outbox_poll_seconds):
+                    await self._wake.wait()
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._in_flight.discard(task)
@@ -362,7 +363,8 @@ class _Worker:
             self._wake.set()
             while not lost.is_set() and not conn.is_closed():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(lost.wait(), _LISTEN_CHECK_SECONDS)
+                    async with asyncio.timeout(_LISTEN_CHECK_SECONDS):
+                        await lost.wait()
                 if not lost.is_set() and not conn.is_closed():
                     # A silent network partition never closes the socket: ask.
                     await conn.fetchval("SELECT 1", timeout=_LISTEN_CHECK_SECONDS)

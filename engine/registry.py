@@ -212,7 +212,8 @@ class StoreRegistry:
         if self._ready.is_set():
             return True
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._ready.wait()
         return self._ready.is_set()
 
     def peek(self, store_id: str) -> LoadedStore | None:
@@ -256,7 +257,8 @@ class StoreRegistry:
             self._request_catch_up(store.id)
             if timeout_s > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(fut, timeout_s)
+                    async with asyncio.timeout(timeout_s):
+                        await fut
         finally:
             current = self._waiters.get(store.id)
             if current is not None:
@@ -360,7 +362,8 @@ class StoreRegistry:
         if conn is None or conn.is_closed():
             return
         try:
-            await asyncio.wait_for(conn.close(), 2.0)
+            async with asyncio.timeout(2.0):
+                await conn.close()
         except Exception:
             conn.terminate()
 
