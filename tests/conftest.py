@@ -233,9 +233,9 @@ STALL_SECONDS = 120.0
 @pytest_asyncio.fixture(autouse=True)
 async def report_stalls(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     """If a test runs past ``STALL_SECONDS``, print every asyncio task's stack to standard error
-    (thread dumps show only the event loop's select). One full fresh-clone run stalled for some
-    minutes in tests/test_bootstrap.py and went on when the loop was interrupted; this is what
-    the next stall will show."""
+    (thread dumps show only the event loop's select; run pytest with ``-s`` to see it at once).
+    This is how a stopping app that awaited a worker which had swallowed its cancellation was
+    found (asyncio.wait_for in Python 3.11; see tests/test_outbox.py)."""
     loop = asyncio.get_running_loop()
 
     def dump() -> None:
