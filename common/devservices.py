@@ -593,6 +593,42 @@ def _find_pg_bindir(data_dir: Path | None) -> Path | None:
     return None
 
 
+def apt_install(packages: list[str], *, log: Log, unable: str) -> None:
+    """Install the Debian ``packages`` (``apt-get update``, then ``apt-get install -y``,
+    noninteractive, waiting up to 10 minutes for another apt to finish; apt's chatter goes to
+    standard error, since standard output may be captured as shell code by ``ensure``).
+
+    Raises :class:`DevServicesError` when apt-get fails, or with ``unable`` (formatted with
+    ``why`` and ``wanted``) when installing is impossible here: not root, or no apt-get.
+    """
+    wanted = " ".join(packages)
+    apt_get = shutil.which("apt-get")
+    if os.geteuid() != 0 or apt_get is None:
+        why = "not running as root" if os.geteuid() != 0 else "apt-get is not available"
+        raise DevServicesError(unable.format(why=why, wanted=wanted))
+    log(f"devservices: installing {wanted} with apt-get (this can take a minute)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (
+        [apt_get, "update"],
+        [apt_get, "install", "-y", "--no-install-recommends", "-o", "DPkg::Lock::Timeout=600",
+         *packages],
+    ):
+        try:
+            status = subprocess.run(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=2,
+                stderr=2,
+                env=env,
+                timeout=1800,
+                check=False,
+            ).returncode
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise DevServicesError(f"{shlex.join(cmd)} failed: {exc}") from exc
+        if status != 0:
+            raise DevServicesError(f"{shlex.join(cmd)} failed with exit status {status}")
+
+
 def _install_missing(*, need_pg: bool, need_redis: bool, run_dir: Path, log: Log) -> None:
     """Install the Debian packages for the servers about to be started when their binaries are
     missing (one ``apt-get`` run). Raises :class:`DevServicesError` when that is not possible."""
@@ -609,36 +645,11 @@ def _install_missing(*, need_pg: bool, need_redis: bool, run_dir: Path, log: Log
         packages.append("redis-server")
     if not packages:
         return
-    wanted = " ".join(packages)
-    apt_get = shutil.which("apt-get")
-    if os.geteuid() != 0 or apt_get is None:
-        why = "not running as root" if os.geteuid() != 0 else "apt-get is not available"
-        raise DevServicesError(
-            f"server binaries missing and cannot install them ({why}): install the packages "
-            f"{wanted} (Debian: sudo apt-get install -y {wanted}), or set DATABASE_URL / "
-            "REDIS_URL to running servers"
-        )
-    log(f"devservices: installing {wanted} with apt-get (this can take a minute)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    # apt's chatter goes to our stderr: stdout may be captured as shell code by `ensure`.
-    for cmd in (
-        [apt_get, "update"],
-        [apt_get, "install", "-y", "--no-install-recommends", *packages],
-    ):
-        try:
-            status = subprocess.run(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=2,
-                stderr=2,
-                env=env,
-                timeout=1800,
-                check=False,
-            ).returncode
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise DevServicesError(f"{shlex.join(cmd)} failed: {exc}") from exc
-        if status != 0:
-            raise DevServicesError(f"{shlex.join(cmd)} failed with exit status {status}")
+    apt_install(packages, log=log, unable=(
+        "server binaries missing and cannot install them ({why}): install the packages "
+        "{wanted} (Debian: sudo apt-get install -y {wanted}), or set DATABASE_URL / REDIS_URL "
+        "to running servers"
+    ))
     if need_pg and "postgresql" in packages and not _pg_candidate_bindirs():
         raise DevServicesError("installed postgresql but found no postgres/initdb/pg_ctl binaries")
     if need_redis and "redis-server" in packages and shutil.which("redis-server") is None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +23,8 @@ from pathlib import Path
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+
+from common.devservices import DevServicesError, apt_install
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -45,40 +45,24 @@ def ensure_chromium() -> tuple[str, str]:
     """``(chromium, chromedriver)`` paths (``/usr/bin/chromium``, ``/usr/bin/chromedriver``).
 
     When either is missing, installs the Debian packages ``chromium`` and ``chromium-driver``
-    (``apt-get update`` then ``apt-get install -y``, noninteractive; this takes a minute or two
-    once). Raises :class:`BrowserUnavailable` when that is impossible (not root, no apt-get) or
-    fails.
+    with :func:`common.devservices.apt_install` (a minute or two, once per machine). Raises
+    :class:`BrowserUnavailable` when that is impossible (not root, no apt-get) or fails.
     """
     if _present():
         return CHROMIUM, CHROMEDRIVER
     wanted = " ".join(PACKAGES)
-    apt_get = shutil.which("apt-get")
-    if os.geteuid() != 0 or apt_get is None:
-        why = "not running as root" if os.geteuid() != 0 else "apt-get is not available"
-        raise BrowserUnavailable(
-            f"the browser tests need {CHROMIUM} and {CHROMEDRIVER} and cannot install them ({why}): "
-            f"install the packages {wanted} (Debian: sudo apt-get install -y {wanted})"
-        )
     with open(_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _present():  # another run installed them while we waited
             return CHROMIUM, CHROMEDRIVER
-        print(f"browser: installing {wanted} with apt-get (this can take a minute)",
-              file=sys.stderr, flush=True)
         began = time.monotonic()
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for cmd in ([apt_get, "update", "-qq"],
-                    [apt_get, "install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=600", *PACKAGES]):
-            try:
-                proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, env=env,
-                                      timeout=1800, check=False)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise BrowserUnavailable(f"{' '.join(cmd)} failed: {exc}") from exc
-            if proc.returncode != 0:
-                output = (proc.stdout + proc.stderr).decode(errors="replace").strip()
-                raise BrowserUnavailable(
-                    f"{' '.join(cmd)} failed with exit status {proc.returncode}:\n{output[-4000:]}"
-                )
+        try:
+            apt_install(list(PACKAGES), log=lambda line: print(line, file=sys.stderr, flush=True),
+                        unable=(f"the browser tests need {CHROMIUM} and {CHROMEDRIVER} and cannot "
+                                "install them ({why}): install the packages {wanted} (Debian: "
+                                "sudo apt-get install -y {wanted})"))
+        except DevServicesError as exc:
+            raise BrowserUnavailable(str(exc)) from exc
         if not _present():
             raise BrowserUnavailable(f"installed {wanted} but {CHROMIUM} or {CHROMEDRIVER} is missing")
         print(f"browser: installed {wanted} in {time.monotonic() - began:.0f} s",
