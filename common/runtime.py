@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
 from aiohttp import web
@@ -62,14 +62,22 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        feed.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await feed
+        await stop_tasks(feed)
         await redis.aclose()
         await close_pool(pool)
 
 
 POOL_CLOSE_SECONDS: Final = 10.0
+
+
+async def stop_tasks(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel the background ``tasks`` of an app and wait until each has ended (the end of a
+    ``cleanup_ctx``). Their cancellation is expected and not raised; another error is."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def close_pool(pool: asyncpg.Pool) -> None:

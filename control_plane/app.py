@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.runtime import base_app, install_resources
+from common.runtime import base_app, install_resources, stop_tasks
 from common.settings import Settings, SettingsError
 from control_plane import (
     api_keys,
@@ -108,11 +107,7 @@ async def _workers(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(*tasks)
 
 
 def create_control_plane_app(settings: Settings) -> web.Application:

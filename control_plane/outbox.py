@@ -31,6 +31,7 @@ from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.ids import new_id
+from common.runtime import stop_tasks
 from common.settings import Settings
 from control_plane import delivery
 from control_plane.appkeys import KMS
@@ -415,6 +416,4 @@ async def _outbox_worker(app: web.Application) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_tasks(task)

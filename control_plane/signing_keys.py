@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import hashlib
 import logging
 from collections.abc import AsyncIterator
@@ -49,6 +48,7 @@ from common.appkeys import PG_POOL, SETTINGS
 from common.errors import ProjectNotFound
 from common.http import RequestModel, json_response, parse_body
 from common.ids import new_id
+from common.runtime import stop_tasks
 from common.settings import Settings
 from control_plane import audit
 from control_plane.appkeys import CURSOR_SECRET, KMS, TOKENS
@@ -476,9 +476,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        worker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await worker
+        await stop_tasks(worker)
 
 
 def setup(app: web.Application) -> None:
