@@ -65,13 +65,15 @@ class UpdateOrganizationBody(PatchModel):
 
 
 async def get_organization(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
-                           org_id: str) -> dict[str, Any]:
-    """The organization's fields (``ORG_COLUMNS``). Raises OrganizationNotFound when the id is
-    malformed, unknown or another project's."""
+                           org_id: str, *, for_update: bool = False) -> dict[str, Any]:
+    """The organization's fields (``ORG_COLUMNS``), its row locked for the caller's transaction
+    with ``for_update``. Raises OrganizationNotFound when the id is malformed, unknown or another
+    project's."""
     if not is_id(org_id, "org"):
         raise OrganizationNotFound()
     row = await conn.fetchrow(
-        f"SELECT {ORG_COLUMNS} FROM organizations WHERE id = $1 AND project_id = $2",
+        f"SELECT {ORG_COLUMNS} FROM organizations WHERE id = $1 AND project_id = $2"
+        + (" FOR UPDATE" if for_update else ""),
         org_id, project_id,
     )
     if row is None:
@@ -118,15 +120,7 @@ async def update_organization(
     if body.slug is not None:
         check_slug(body.slug)
     async with conn.transaction():
-        if not is_id(org_id, "org"):
-            raise OrganizationNotFound()
-        row = await conn.fetchrow(
-            f"SELECT {ORG_COLUMNS} FROM organizations WHERE id = $1 AND project_id = $2 FOR UPDATE",
-            org_id, project_id,
-        )
-        if row is None:
-            raise OrganizationNotFound()
-        org = dict(row)
+        org = await get_organization(conn, project_id, org_id, for_update=True)
         changes = {name: getattr(body, name) for name in sorted(body.model_fields_set)
                    if getattr(body, name) != org[name]}
         if not changes:
@@ -162,14 +156,7 @@ async def delete_organization(
     selected keep running without an organization. Records ``organization.deleted`` (with the
     number of memberships removed). Raises OrganizationNotFound."""
     async with conn.transaction():
-        if not is_id(org_id, "org"):
-            raise OrganizationNotFound()
-        row = await conn.fetchrow(
-            "SELECT name, slug FROM organizations WHERE id = $1 AND project_id = $2 FOR UPDATE",
-            org_id, project_id,
-        )
-        if row is None:
-            raise OrganizationNotFound()
+        row = await get_organization(conn, project_id, org_id, for_update=True)
         # Under the row lock no membership can be added (its foreign key check waits on it).
         members = await conn.fetchval(
             "SELECT count(*) FROM memberships WHERE organization_id = $1", org_id)

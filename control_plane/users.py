@@ -129,13 +129,15 @@ async def find_by_phone(conn: asyncpg.Connection | asyncpg.Pool, project_id: str
 
 
 async def get_user(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
-                   user_id: str) -> dict[str, Any]:
-    """The user's fields (``USER_COLUMNS``). Raises UserNotFound when the id is malformed,
-    unknown or another project's."""
+                   user_id: str, *, for_update: bool = False) -> dict[str, Any]:
+    """The user's fields (``USER_COLUMNS``), its row locked for the caller's transaction with
+    ``for_update``. Raises UserNotFound when the id is malformed, unknown or another project's."""
     if not is_id(user_id, "user"):
         raise UserNotFound()
     row = await conn.fetchrow(
-        f"SELECT {USER_COLUMNS} FROM users WHERE id = $1 AND project_id = $2", user_id, project_id
+        f"SELECT {USER_COLUMNS} FROM users WHERE id = $1 AND project_id = $2"
+        + (" FOR UPDATE" if for_update else ""),
+        user_id, project_id,
     )
     if row is None:
         raise UserNotFound()
@@ -206,15 +208,7 @@ async def update_user(
     fields = body.model_fields_set
     new_email = normalize_email(body.email) if body.email is not None else None
     async with conn.transaction():
-        if not is_id(user_id, "user"):
-            raise UserNotFound()
-        row = await conn.fetchrow(
-            f"SELECT {USER_COLUMNS} FROM users WHERE id = $1 AND project_id = $2 FOR UPDATE",
-            user_id, project_id,
-        )
-        if row is None:
-            raise UserNotFound()
-        user = dict(row)
+        user = await get_user(conn, project_id, user_id, for_update=True)
         wanted: dict[str, Any] = {}
         if "name" in fields:
             wanted["name"] = body.name
@@ -265,14 +259,7 @@ async def delete_user(
     Records ``user.deleted``. Raises UserNotFound.
     """
     async with conn.transaction():
-        if not is_id(user_id, "user"):
-            raise UserNotFound()
-        row = await conn.fetchrow(
-            "SELECT email FROM users WHERE id = $1 AND project_id = $2 FOR UPDATE",
-            user_id, project_id,
-        )
-        if row is None:
-            raise UserNotFound()
+        row = await get_user(conn, project_id, user_id, for_update=True)
         revoked = await sessions.revoke_sessions_of_user(conn, user_id=user_id,
                                                          reason="user_deleted")
         await conn.execute("DELETE FROM users WHERE id = $1", user_id)
