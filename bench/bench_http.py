@@ -368,15 +368,8 @@ async def run_workers(cfg: dict[str, Any], workload: Workload, n_workers: int,
             if i == bodies_n:
                 i = 0
 
-    async def cpu_meter() -> None:
-        await asyncio.sleep(max(0.0, t_measure - time.perf_counter()))
-        c0, w0 = time.process_time(), time.perf_counter()
-        await asyncio.sleep(max(0.0, t_end - time.perf_counter()))
-        res.cpu_seconds = time.process_time() - c0
-        res.window = time.perf_counter() - w0
-
     tasks = [asyncio.ensure_future(worker(w)) for w in range(n_workers)]
-    meter = asyncio.ensure_future(cpu_meter())
+    meter = asyncio.ensure_future(measure_cpu(res, t_measure, t_end))
     done, pending = await asyncio.wait(tasks, timeout=warmup + duration + cfg["grace"])
     for t in pending:
         t.cancel()
@@ -469,6 +462,16 @@ def system_cpu() -> tuple[float, float]:
 
 
 # --------------------------------------------------------------------------- one level
+
+
+async def measure_cpu(into: Any, t_measure: float, t_end: float) -> None:
+    """This process's CPU seconds and wall seconds between the perf_counter instants
+    ``t_measure`` and ``t_end``, stored in ``into.cpu_seconds`` and ``into.window``."""
+    await asyncio.sleep(max(0.0, t_measure - time.perf_counter()))
+    c0, w0 = time.process_time(), time.perf_counter()
+    await asyncio.sleep(max(0.0, t_end - time.perf_counter()))
+    into.cpu_seconds = time.process_time() - c0
+    into.window = time.perf_counter() - w0
 
 
 def percentile(sorted_vals: list[float], q: float) -> float:

@@ -66,7 +66,6 @@ import platform
 import re
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -86,12 +85,13 @@ ROOT: Final = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from bench_audit import _die_with_parent, _free_port  # noqa: E402
+from bench_audit import _die_with_parent, _free_port, stop_process  # noqa: E402
 from bench_http import (  # noqa: E402
     CLIENT_BOUND_PCT,
     NOISY_OTHER_CORES,
     RawConnection,
     latency_summary,
+    measure_cpu,
     pids_cpu_seconds,
     system_cpu,
     wait_for_quiet,
@@ -170,13 +170,8 @@ class Server:
     log_path: Path | None = None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 def server_env(db_url: str, redis_url: str, tag: str, bootstrap_token: str,
@@ -415,15 +410,8 @@ async def run_clients(cfg: dict[str, Any], kind: str, items: list[str], n_worker
             elif len(out.refresh_tokens) < keep:
                 out.refresh_tokens.append(refresh)
 
-    async def cpu_meter() -> None:
-        await asyncio.sleep(max(0.0, t_measure - time.perf_counter()))
-        c0, w0 = time.process_time(), time.perf_counter()
-        await asyncio.sleep(max(0.0, t_end - time.perf_counter()))
-        out.cpu_seconds = time.process_time() - c0
-        out.window = time.perf_counter() - w0
-
     tasks = [asyncio.ensure_future(worker(w)) for w in range(n_workers)]
-    meter = asyncio.ensure_future(cpu_meter())
+    meter = asyncio.ensure_future(measure_cpu(out, t_measure, t_end))
     finished, pending = await asyncio.wait(tasks, timeout=warmup + duration + 30)
     for t in pending:
         t.cancel()
