@@ -215,6 +215,14 @@ SELECT s.*, pick.role, {{user_fields}} FROM s, pick, u
 """
 
 
+@functools.lru_cache(maxsize=8)
+def _start_sql(head: str | None, gate: str) -> str:
+    """``_START`` completed (once per head: a sign-in is a hot path)."""
+    user_head = head or f"u AS ({USER_UPDATE.format(condition='', user_columns=users.USER_COLUMNS)})"
+    return _START.format(head=user_head, gate=gate,
+                         user_fields=", ".join(f"u.{f} AS user_{f}" for f in users.USER_FIELDS))
+
+
 async def start_session(
     conn: asyncpg.Connection, settings: Settings, *, session_id: str, project_id: str,
     user_id: str, auth_method: str, ip: str | None, user_agent: str | None, iat: int,
@@ -238,10 +246,8 @@ async def start_session(
     on. Without ``head``, a user deleted meanwhile raises NoSession.
     """
     refresh, digest = new_refresh_token()
-    user_head = head or f"u AS ({USER_UPDATE.format(condition='', user_columns=users.USER_COLUMNS)})"
     row = await conn.fetchrow(
-        _START.format(head=user_head, gate=gate,
-                      user_fields=", ".join(f"u.{f} AS user_{f}" for f in users.USER_FIELDS)),
+        _start_sql(head, gate),
         session_id, project_id, user_id, organization_id, auth_method, ip, user_agent,
         timedelta(seconds=settings.session_ttl_seconds), iat + settings.access_token_ttl_seconds,
         digest, verified == "email", verified == "sms", *event, *head_args,

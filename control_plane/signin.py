@@ -157,6 +157,11 @@ _KNOWN_USER: Final = """(user_id IS NULL OR user_id = $3) AND EXISTS (
             (channel = 'email' AND lower(x.email) = lower(destination))
             OR (channel = 'sms' AND x.phone_number = destination))
         FOR NO KEY UPDATE OF x)"""
+_KNOWN_USER_HEAD: Final = (
+    f"{_GATE.format(condition=_KNOWN_USER)}, u AS ("
+    + sessions.USER_UPDATE.format(condition="AND EXISTS (SELECT 1 FROM t)",
+                                  user_columns=users.USER_COLUMNS) + ")"
+)
 # A first sign-in creates the user (verified: the link proved the destination) with
 # ``user.created``, only while the link is usable (locked first, so it stays so); a concurrent
 # creation of the same user wins, and this one writes nothing.
@@ -243,9 +248,7 @@ async def _fast_sign_in(
     user_id = token["found_user_id"] or new_id("user")
     head_args: list[Any] = [digest]
     if token["found_user_id"] is not None:
-        head = (f"{_GATE.format(condition=_KNOWN_USER)}, u AS ("
-                + sessions.USER_UPDATE.format(condition="AND EXISTS (SELECT 1 FROM t)",
-                                              user_columns=users.USER_COLUMNS) + ")")
+        head = _KNOWN_USER_HEAD
     else:
         head = _NEW_USER
         head_args += [
