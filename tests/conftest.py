@@ -275,13 +275,23 @@ async def redis(redis_url: str, redis_prefix: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
+@contextlib.asynccontextmanager
+async def database_pool(url: str, *, max_size: int = 3) -> AsyncIterator[asyncpg.Pool]:
+    """A plain asyncpg pool on ``url`` (no jsonb codec: jsonb reads back as text), closed on
+    exit."""
+    pool = await asyncpg.create_pool(url, min_size=1, max_size=max_size)
+    assert pool is not None
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
 @pytest_asyncio.fixture(scope="session")
 async def db(database_url: str) -> AsyncIterator[asyncpg.Pool]:
     """Direct database access, for asserting what was stored (never to stand in for the API)."""
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=3)
-    assert pool is not None
-    yield pool
-    await pool.close()
+    async with database_pool(database_url) as pool:
+        yield pool
 
 
 @dataclass

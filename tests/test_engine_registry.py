@@ -13,9 +13,8 @@ import asyncio
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import orjson
@@ -26,36 +25,23 @@ from aiohttp import ClientSession, web
 from common import changes
 from common.auth import hash_secret
 from common.settings import load_settings
-from control_plane.migrate import upgrade
 from engine.appkeys import STORES
 from engine.checks import create_engine_app
 from engine.graph import check
 from engine.registry import LoadedStore, StoreRegistry
+from tests.conftest import database_pool, migrated_database
 
-DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 PROJECT = "proj_engine_registry_tests"
 OTHER_PROJECT = "proj_engine_registry_other"
 
 Tuple = tuple[str, str, str]
 
 
-def _with_db(url: str, db: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + db))
-
-
-@pytest_asyncio.fixture(scope="module")
-async def eng_db() -> AsyncIterator[str]:
+@pytest.fixture(scope="module")
+def eng_db(database_url: str) -> Iterator[str]:
     """A throwaway migrated database with two projects, dropped at the end of the module."""
-    base = os.environ.get("DATABASE_URL", DEFAULT_PG)
-    name = f"authio_eng_{secrets.token_hex(4)}"
-    admin = await asyncpg.connect(_with_db(base, "postgres"))
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    url = _with_db(base, name)
-    try:
-        await asyncio.to_thread(upgrade, url)
+
+    async def seed(url: str) -> None:
         conn = await asyncpg.connect(url)
         try:
             await conn.execute(
@@ -66,21 +52,16 @@ async def eng_db() -> AsyncIterator[str]:
             )
         finally:
             await conn.close()
+
+    with migrated_database(database_url, "eng") as url:
+        asyncio.run(seed(url))
         yield url
-    finally:
-        admin = await asyncpg.connect(_with_db(base, "postgres"))
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await admin.close()
 
 
 @pytest_asyncio.fixture(scope="module")
 async def pool(eng_db: str) -> AsyncIterator[asyncpg.Pool]:
-    p = await asyncpg.create_pool(eng_db, min_size=1, max_size=6)
-    assert p is not None
-    yield p
-    await p.close()
+    async with database_pool(eng_db, max_size=6) as p:
+        yield p
 
 
 Factory = Callable[..., Awaitable[StoreRegistry]]

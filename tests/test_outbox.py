@@ -55,6 +55,7 @@ from tests.conftest import (
     assert_error,
     bootstrap_project,
     combined_app,
+    database_pool,
     eventually,
     free_ports,
     mailbox_messages,
@@ -115,10 +116,8 @@ def outbox_db(database_url: str) -> Iterator[str]:
 
 @pytest_asyncio.fixture(scope="module")
 async def outbox_pool(outbox_db: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await asyncpg.create_pool(outbox_db, min_size=1, max_size=3)
-    assert pool is not None
-    yield pool
-    await pool.close()
+    async with database_pool(outbox_db) as pool:
+        yield pool
 
 
 @pytest.fixture
