@@ -19,9 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Api, Project
+from tests.conftest import CONFORMANCE, Api, Project
 
-CONFORMANCE_DIR = Path("/work/shared/conformance/openfga")
 CASE_FILES = ("cases.json", "cases_extended.json")
 WRITE_CHUNK = 1000
 
@@ -30,7 +29,7 @@ def _load_cases() -> list[Any]:
     params = []
     seen: set[str] = set()
     for name in CASE_FILES:
-        cases = json.loads((CONFORMANCE_DIR / name).read_text())
+        cases = json.loads((CONFORMANCE / name).read_text())
         for case in cases:
             case_id = f"{Path(name).stem}:{case['name']}"
             assert case_id not in seen, f"duplicate case name {case_id}"

@@ -21,7 +21,7 @@ import pytest_asyncio
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.conftest import Api, Project, assert_error, bootstrap_project, serving
+from tests.conftest import CONFORMANCE, Api, Project, assert_error, bootstrap_project, serving
 
 VISIBLE_WITHIN_S = 1.0
 
@@ -29,7 +29,7 @@ VISIBLE_WITHIN_S = 1.0
 def _load_reference() -> Any:
     """``shared/conformance/openfga/reference.py``: the independent evaluator of the semantics."""
     spec = importlib.util.spec_from_file_location(
-        "openfga_reference", "/work/shared/conformance/openfga/reference.py")
+        "openfga_reference", CONFORMANCE / "reference.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -33,8 +33,7 @@ from common.tuples import (
     validate_user,
 )
 from engine.graph import CheckResult, ResolutionTooComplex, StoreGraph, check
-
-CONFORMANCE = Path(__file__).resolve().parents[1].parent / "shared" / "conformance" / "openfga"
+from tests.conftest import CONFORMANCE
 
 Row = tuple[str, str, str]
 
