@@ -36,3 +36,48 @@ async def create_pool(dsn: str, *, max_size: int, min_size: int = 1) -> asyncpg.
     )
     assert pool is not None
     return pool
+
+
+class Params:
+    """The ``$n`` placeholders of one SQL statement, allocated in order: no hand numbering, so a
+    new value never shifts the numbers after it.
+
+    Two ways to use it, one per statement:
+
+    * by value, for SQL built per request: ``p(value)`` appends ``value`` and returns its ``$n``;
+      pass ``p.values`` as the arguments.
+    * by name, for SQL built once and run many times: ``p["name"]`` returns the ``$n`` of
+      ``name`` (the same one each time it is asked); at run time ``p.bind(name=value, ...)``
+      gives the arguments in order (raises KeyError when a name is missing or unknown).
+    """
+
+    __slots__ = ("_names", "values")
+
+    def __init__(self) -> None:
+        self.values: list[object] = []
+        self._names: dict[str, int] = {}
+
+    def __call__(self, value: object) -> str:
+        if self._names:
+            raise TypeError("this statement's parameters are named")
+        self.values.append(value)
+        return f"${len(self.values)}"
+
+    def __getitem__(self, name: str) -> str:
+        if self.values:
+            raise TypeError("this statement's parameters are values")
+        n = self._names.setdefault(name, len(self._names) + 1)
+        return f"${n}"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The named parameters in ``$n`` order."""
+        return tuple(self._names)
+
+    def bind(self, **values: object) -> list[object]:
+        """The arguments of a named statement, in ``$n`` order. Raises KeyError for a missing
+        or an unknown name."""
+        unknown = values.keys() - self._names.keys()
+        if unknown:
+            raise KeyError(f"unknown parameters {sorted(unknown)}")
+        return [values[name] for name in self._names]

@@ -5,28 +5,23 @@
   sets ``X-Request-Id`` on every response, and is the one translation point
   from exceptions to ``{"error": {"code", "message", "details"}, "request_id"}`` (DESIGN.md).
   Unknown routes, wrong methods and oversized bodies get the same envelope.
-* ``json_response``: orjson body with ``request_id`` added at top level.
-* ``read_json`` / ``parse_body``: body decoding and validation into ``invalid_request``.
+* ``json_response``: orjson body (a mapping or a dataclass) with ``request_id`` added at top
+  level.
+* ``read_json``: body decoding into ``invalid_request`` (models: ``common.schemas``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import ipaddress
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Annotated, Any, ClassVar, Final, Self, TypeVar
+from typing import Any, Final
 
 import orjson
 from aiohttp import web
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    StringConstraints,
-    ValidationError,
-    model_validator,
-)
 
 from common.errors import (
     DbUnavailable,
@@ -47,51 +42,6 @@ _INCOMING_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 _JSON: Final = "application/json"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-M = TypeVar("M", bound=BaseModel)
-
-
-CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-"""C0 and C1 control characters (and DEL): never allowed in a human-readable text field."""
-
-
-def printable(value: str) -> str:
-    """``value`` unchanged; a pydantic ``AfterValidator`` raising ValueError when it holds a
-    control character (``CONTROL_RE``)."""
-    if CONTROL_RE.search(value):
-        raise ValueError("must not contain control characters")
-    return value
-
-
-DisplayName = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
-    AfterValidator(printable),
-]
-"""A human-readable name field: 1 to 200 characters after trimming, no control characters."""
-
-
-class RequestModel(BaseModel):
-    """Base of request bodies: unknown fields rejected, no type coercion (DESIGN.md)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class PatchModel(RequestModel):
-    """Base of ``PATCH`` bodies, where only the fields present change: at least one field must be
-    given, and ``null`` is refused except for the fields named in ``nullable_fields`` (where
-    ``null`` clears the value). Both rules are ``invalid_request`` through ``parse_body``."""
-
-    nullable_fields: ClassVar[frozenset[str]] = frozenset()
-
-    @model_validator(mode="after")
-    def _not_empty_and_no_null(self) -> Self:
-        fields = type(self).model_fields
-        if not self.model_fields_set:
-            raise ValueError(f"give at least one of {', '.join(fields)}")
-        for name in fields:
-            if (name in self.model_fields_set and name not in self.nullable_fields
-                    and getattr(self, name) is None):
-                raise ValueError(f"{name} cannot be null")
-        return self
 
 
 Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]
@@ -124,15 +74,41 @@ def request_id(request: web.Request) -> str:
     return request[REQUEST_ID]
 
 
+OMIT_IF_NONE: Final = "omit_if_none"
+"""Dataclass field metadata key: a field marked ``field(metadata={OMIT_IF_NONE: True})`` is left
+out of the JSON body while its value is None (rather than written as ``null``)."""
+
+
+@functools.cache
+def _fields_of(cls: type) -> tuple[tuple[str, bool], ...]:
+    return tuple((f.name, bool(f.metadata.get(OMIT_IF_NONE)))
+                 for f in dataclasses.fields(cls))
+
+
+def body_of(data: Any) -> dict[str, Any]:
+    """``data`` as the top level of a JSON body: a mapping copied, a dataclass instance's fields
+    (shallow: nested dataclasses are serialized by orjson itself, and a field marked
+    ``OMIT_IF_NONE`` is left out while None)."""
+    if isinstance(data, Mapping):
+        return dict(data)
+    body: dict[str, Any] = {}
+    for name, omit in _fields_of(type(data)):
+        value = getattr(data, name)
+        if not (omit and value is None):
+            body[name] = value
+    return body
+
+
 def json_response(
     request: web.Request,
-    data: Mapping[str, Any],
+    data: Any,
     *,
     status: int = 200,
     headers: Mapping[str, str] | None = None,
 ) -> web.Response:
-    """Serialize ``data`` plus ``request_id`` with orjson."""
-    body = dict(data)
+    """Serialize ``data`` (a mapping or a dataclass instance, ``body_of``) plus ``request_id``
+    with orjson (datetimes as RFC 3339 UTC with ``Z``)."""
+    body = body_of(data)
     body["request_id"] = request[REQUEST_ID]
     return web.Response(
         body=orjson.dumps(body, option=orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC),
@@ -176,36 +152,6 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     return data
-
-
-def validation_error(exc: ValidationError) -> InvalidRequest:
-    """Turn a pydantic error into ``invalid_request`` with ``details.fields`` (dotted paths)."""
-    fields = []
-    for err in exc.errors(include_url=False):
-        path = ".".join(str(p) for p in err["loc"]) or "body"
-        cause = err.get("ctx", {}).get("error")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif isinstance(cause, ValueError):
-            msg = getattr(cause, "message", None) or str(cause)  # our own rule's words
-        else:
-            msg = err["msg"]
-        fields.append({"field": path, "message": msg})
-    first = fields[0] if fields else {"field": "body", "message": "invalid"}
-    return InvalidRequest(f"{first['field']}: {first['message']}", details={"fields": fields})
-
-
-def parse_model(model: type[M], data: Mapping[str, Any]) -> M:
-    """Validate ``data`` into ``model``; raises InvalidRequest naming each bad field."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
-
-
-async def parse_body(request: web.Request, model: type[M]) -> M:
-    """``read_json`` then ``parse_model``; models forbid unknown fields (DESIGN.md)."""
-    return parse_model(model, await read_json(request))
 
 
 def _is_db_outage(exc: BaseException) -> bool:

@@ -16,8 +16,9 @@ from pydantic import field_validator
 from common.appkeys import AUTHENTICATOR, PG_POOL, REDIS, SETTINGS
 from common.auth import SCOPES, Principal, generate_secret, hash_secret, publish_revocation
 from common.errors import InsufficientScope, NotFound
-from common.http import DisplayName, RequestModel, json_response, parse_body
+from common.http import json_response
 from common.ids import new_id
+from common.schemas import DisplayName, RequestModel, parse_body
 from control_plane import audit
 from control_plane.appkeys import CURSOR_SECRET
 from control_plane.pagination import project_page_by_id

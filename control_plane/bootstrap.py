@@ -11,8 +11,9 @@ from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.errors import BootstrapDisabled, MissingBootstrapToken
-from common.http import DisplayName, RequestModel, json_response, parse_body
+from common.http import json_response
 from common.ids import new_id
+from common.schemas import DisplayName, RequestModel, parse_body
 from control_plane import audit
 from control_plane.api_keys import ONE_TIME_WARNING, insert_key
 

@@ -44,8 +44,9 @@ from common.errors import (
     OrganizationNotFound,
     UserNotFound,
 )
-from common.http import RequestModel, json_response, parse_body
+from common.http import json_response
 from common.ids import is_id, new_id
+from common.schemas import RequestModel, parse_body
 from common.settings import Settings
 from control_plane import audit, magic_links, users
 from control_plane.appkeys import CURSOR_SECRET, KMS

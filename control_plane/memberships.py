@@ -40,8 +40,9 @@ from common.errors import (
     OrganizationNotFound,
     UserNotFound,
 )
-from common.http import PatchModel, RequestModel, json_response, parse_body
+from common.http import json_response
 from common.ids import is_id, new_id
+from common.schemas import PatchModel, RequestModel, parse_body
 from control_plane import audit
 from control_plane.appkeys import CURSOR_SECRET
 from control_plane.organizations import READ_SCOPES, WRITE_SCOPE, get_organization

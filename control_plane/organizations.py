@@ -26,8 +26,9 @@ from aiohttp import web
 
 from common.appkeys import PG_POOL
 from common.errors import InvalidSlug, OrganizationNotFound, SlugInUse
-from common.http import DisplayName, PatchModel, RequestModel, json_response, parse_body
+from common.http import json_response
 from common.ids import is_id, new_id
+from common.schemas import DisplayName, PatchModel, RequestModel, parse_body
 from control_plane import audit
 from control_plane.appkeys import CURSOR_SECRET
 from control_plane.pagination import project_page_by_id

@@ -17,7 +17,8 @@ from pydantic import field_validator
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.errors import DomainInUse
-from common.http import RequestModel, json_response, parse_body
+from common.http import json_response
+from common.schemas import RequestModel, parse_body
 from common.settings import Settings
 from control_plane import audit, signing_keys
 from control_plane.appkeys import KMS, TOKENS

@@ -49,8 +49,9 @@ from redis.asyncio import Redis
 from common.appkeys import PG_POOL, REDIS, SETTINGS
 from common.auth import token_digest
 from common.errors import InvalidRequest, NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
-from common.http import RequestModel, json_response, parse_body, parse_model, read_json
+from common.http import json_response, read_json
 from common.ids import is_id
+from common.schemas import RequestModel, parse_body, parse_model
 from common.settings import Settings
 from control_plane import audit, users  # users imports this module: attributes at call time
 from control_plane.appkeys import TOKENS

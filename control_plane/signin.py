@@ -23,8 +23,9 @@ from pydantic import StringConstraints
 from common.appkeys import PG_POOL, SETTINGS
 from common.auth import token_digest
 from common.errors import ServiceError, TokenConsumed, TokenExpired, TokenInvalidOrExpired
-from common.http import RequestModel, client_ip, json_response, parse_body
+from common.http import client_ip, json_response
 from common.ids import new_id
+from common.schemas import RequestModel, parse_body
 from control_plane import audit, invitations, sessions, users
 from control_plane.appkeys import KMS, TOKENS
 from control_plane.destinations import Channel, classify_destination

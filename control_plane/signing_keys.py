@@ -46,9 +46,10 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.errors import ProjectNotFound
-from common.http import RequestModel, json_response, parse_body
+from common.http import json_response
 from common.ids import new_id
 from common.runtime import stop_tasks
+from common.schemas import RequestModel, parse_body
 from common.settings import Settings
 from control_plane import audit
 from control_plane.appkeys import CURSOR_SECRET, KMS, TOKENS

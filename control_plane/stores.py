@@ -14,8 +14,9 @@ from aiohttp import web
 from common import changes
 from common.appkeys import PG_POOL
 from common.errors import StoreNotFound
-from common.http import DisplayName, RequestModel, json_response, parse_body
+from common.http import json_response
 from common.ids import new_id
+from common.schemas import DisplayName, RequestModel, parse_body
 from control_plane.appkeys import CURSOR_SECRET
 from control_plane.pagination import project_page_by_id
 from control_plane.principal import authenticate

@@ -19,7 +19,8 @@ from pydantic import AfterValidator, Field, model_validator
 from common import changes
 from common.appkeys import PG_POOL
 from common.errors import InvalidRequest, StoreNotFound
-from common.http import RequestModel, json_response, parse_body
+from common.http import json_response
+from common.schemas import RequestModel, parse_body
 from common.tuples import TupleFormatError, validate_object, validate_relation, validate_user
 from control_plane.appkeys import CURSOR_SECRET
 from control_plane.pagination import Listing, page_body, parse_page

@@ -31,8 +31,9 @@ from pydantic import AfterValidator, StringConstraints
 
 from common.appkeys import PG_POOL, REDIS, SETTINGS
 from common.errors import EmailInUse, InvalidRequest, PhoneInUse, UserNotFound
-from common.http import PatchModel, RequestModel, json_response, parse_body, printable
+from common.http import json_response
 from common.ids import is_id, new_id
+from common.schemas import PatchModel, RequestModel, parse_body, printable
 from common.settings import Settings
 from control_plane import audit, magic_links, sessions
 from control_plane.appkeys import CURSOR_SECRET, KMS

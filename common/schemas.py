@@ -1,0 +1,104 @@
+"""Request models: the one place input is parsed and refused (DESIGN.md "Conventions").
+
+Every request body and query string is a :class:`RequestModel` (pydantic): unknown fields are
+rejected, nothing is coerced, and a failure becomes ``invalid_request`` (400) with
+``details.fields`` naming each bad field by its dotted path (:func:`validation_error`). The same
+models give the OpenAPI document its schemas (``common.openapi``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Final, Self, TypeVar
+
+from aiohttp import web
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+from common.errors import InvalidRequest
+from common.http import read_json
+
+M = TypeVar("M", bound=BaseModel)
+
+CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters (and DEL): never allowed in a human-readable text field."""
+
+
+def printable(value: str) -> str:
+    """``value`` unchanged; a pydantic ``AfterValidator`` raising ValueError when it holds a
+    control character (``CONTROL_RE``)."""
+    if CONTROL_RE.search(value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
+DisplayName = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    AfterValidator(printable),
+]
+"""A human-readable name field: 1 to 200 characters after trimming, no control characters."""
+
+
+class RequestModel(BaseModel):
+    """Base of request bodies: unknown fields rejected, no type coercion (DESIGN.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class PatchModel(RequestModel):
+    """Base of ``PATCH`` bodies, where only the fields present change: at least one field must be
+    given, and ``null`` is refused except for the fields named in ``nullable_fields`` (where
+    ``null`` clears the value). Both rules are ``invalid_request`` through ``parse_body``."""
+
+    nullable_fields: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="after")
+    def _not_empty_and_no_null(self) -> Self:
+        fields = type(self).model_fields
+        if not self.model_fields_set:
+            raise ValueError(f"give at least one of {', '.join(fields)}")
+        for name in fields:
+            if (name in self.model_fields_set and name not in self.nullable_fields
+                    and getattr(self, name) is None):
+                raise ValueError(f"{name} cannot be null")
+        return self
+
+
+
+def validation_error(exc: ValidationError) -> InvalidRequest:
+    """Turn a pydantic error into ``invalid_request`` with ``details.fields`` (dotted paths)."""
+    fields = []
+    for err in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in err["loc"]) or "body"
+        cause = err.get("ctx", {}).get("error")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        elif isinstance(cause, ValueError):
+            msg = getattr(cause, "message", None) or str(cause)  # our own rule's words
+        else:
+            msg = err["msg"]
+        fields.append({"field": path, "message": msg})
+    first = fields[0] if fields else {"field": "body", "message": "invalid"}
+    return InvalidRequest(f"{first['field']}: {first['message']}", details={"fields": fields})
+
+
+def parse_model(model: type[M], data: Mapping[str, Any]) -> M:
+    """Validate ``data`` into ``model``; raises InvalidRequest naming each bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+
+
+async def parse_body(request: web.Request, model: type[M]) -> M:
+    """``read_json`` then ``parse_model``; models forbid unknown fields (DESIGN.md)."""
+    return parse_model(model, await read_json(request))
+
+
