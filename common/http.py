@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import ipaddress
 import logging
 import re
@@ -79,10 +78,15 @@ OMIT_IF_NONE: Final = "omit_if_none"
 out of the JSON body while its value is None (rather than written as ``null``)."""
 
 
-@functools.cache
+_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
 def _fields_of(cls: type) -> tuple[tuple[str, bool], ...]:
-    return tuple((f.name, bool(f.metadata.get(OMIT_IF_NONE)))
-                 for f in dataclasses.fields(cls))
+    fields = _FIELDS.get(cls)
+    if fields is None:
+        fields = _FIELDS[cls] = tuple((f.name, bool(f.metadata.get(OMIT_IF_NONE)))
+                                      for f in dataclasses.fields(cls))
+    return fields
 
 
 def body_of(data: Any) -> dict[str, Any]:
