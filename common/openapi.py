@@ -1,0 +1,555 @@
+"""The OpenAPI 3.1 document, generated from the route tables and the schemas (DESIGN.md).
+
+:func:`build_document` turns :class:`common.routing.Operation` values into the document served at
+``GET /openapi.json`` and written to ``docs/openapi.json``; :func:`document_json` is its one
+serialization (byte-identical for the same input). Nothing here is kept by hand: paths and
+parameters come from the routes, JSON Schemas from pydantic (validation mode for request
+models, serialization mode for replies, all through one generator so that every model and
+dataclass gets one component with a unique name), and the error responses from the error classes
+of :mod:`common.errors`.
+
+What the envelope (``common.http``) adds to every response is documented once in the components:
+``request_id`` at the top level of every JSON body (``RequestId``, joined to each reply's schema),
+the ``Error`` body, and the ``X-Request-Id`` header.
+
+Plain data, no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from http import HTTPStatus
+from typing import Any, Final
+
+import orjson
+from pydantic import TypeAdapter
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, JsonSchemaValue
+from pydantic_core import core_schema
+
+from common.errors import (
+    BootstrapDisabled,
+    DbUnavailable,
+    InsufficientScope,
+    InternalError,
+    InvalidApiKey,
+    InvalidRequest,
+    MissingApiKey,
+    MissingBootstrapToken,
+    NoSession,
+    PayloadTooLarge,
+    ProjectNotFound,
+    ServiceError,
+)
+from common.routing import Operation, Reply
+
+__all__ = ["OPENAPI_VERSION", "build_document", "document_json"]
+
+OPENAPI_VERSION: Final = "3.1.0"
+JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
+SCHEMA_REF: Final = "#/components/schemas/{model}"
+
+OMIT_IF_NONE: Final = "omit_if_none"
+"""``common.http.OMIT_IF_NONE``: a dataclass field so marked is left out of a body while None, so
+the document must not call it required (not imported: this module stays free of the HTTP layer;
+a test checks the two agree)."""
+
+REQUEST_ID_HEADER: Final = "X-Request-Id"
+
+# aiohttp's split of a path into its dynamic parts (``{name}`` or ``{name:regex}``, where the regex
+# may hold one level of braces such as ``\d{3}``), as in aiohttp.web_urldispatcher.
+_PATH_PART: Final = re.compile(r"(\{[_a-zA-Z][^{}]*(?:\{[^{}]*\}[^{}]*)*\})")
+_DYNAMIC: Final = re.compile(r"^\{(?P<name>[_a-zA-Z][_a-zA-Z0-9]*)(?::(?P<regex>.+))?\}$")
+
+# Headers that OpenAPI ignores as parameters (they are part of the operation's own description).
+_RESERVED_HEADERS: Final = frozenset({"accept", "content-type", "authorization"})
+
+_REQUEST_ID_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "RequestId",
+    "description": "What the envelope adds to every JSON body: the request's id, equal to the "
+                   "`X-Request-Id` response header.",
+    "properties": {
+        "request_id": {
+            "type": "string",
+            "description": "The id of this request (`req_...`, or the caller's valid "
+                           "`X-Request-Id`).",
+        },
+    },
+    "required": ["request_id"],
+}
+
+_ERROR_INFO_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "ErrorInfo",
+    "properties": {
+        "code": {"type": "string", "description": "The stable, machine-readable error code."},
+        "message": {"type": "string", "description": "What went wrong, for a person."},
+        "details": {
+            "type": "object",
+            "description": "More about the error (for `invalid_request`, `fields`: each bad "
+                           "field's dotted path and what is wrong with it).",
+            "additionalProperties": True,
+        },
+    },
+    "required": ["code", "message", "details"],
+    "additionalProperties": False,
+}
+
+_ERROR_SCHEMA: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "Error",
+    "description": "The body of every error response.",
+    "properties": {
+        "error": {"$ref": SCHEMA_REF.format(model="ErrorInfo")},
+        "request_id": {"type": "string", "description": "The id of this request."},
+    },
+    "required": ["error", "request_id"],
+    "additionalProperties": False,
+}
+
+_BUILTIN_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
+    "RequestId": _REQUEST_ID_SCHEMA,
+    "ErrorInfo": _ERROR_INFO_SCHEMA,
+    "Error": _ERROR_SCHEMA,
+}
+
+_SECURITY_SCHEMES: Final[dict[str, dict[str, Any]]] = {
+    "apiKey": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A project's API key (`sk_live_...` or `sk_test_...`) as `Authorization: "
+                       "Bearer <key>`. A key with scopes may call the operations that name one "
+                       "of them; a key without scopes has full access.",
+    },
+    "session": {
+        "type": "http",
+        "scheme": "bearer",
+        "bearerFormat": "JWT",
+        "description": "A session's access token as `Authorization: Bearer <token>` (wins over "
+                       "the cookie).",
+    },
+    "sessionCookie": {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "service_session",
+        "description": "A session's access token in the `service_session` cookie.",
+    },
+    "bootstrapToken": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "x-service-bootstrap-token",
+        "description": "The deployment's bootstrap token (`SERVICE_BOOTSTRAP_TOKEN`).",
+    },
+}
+
+_PROJECT_TEXT: Final = ("The project is named by the `project_id` query parameter, else the "
+                        "`Service-Project` header, else the request's host matched to a "
+                        "project's domain.")
+
+
+def build_document(
+    operations: Sequence[Operation],
+    *,
+    title: str,
+    version: str,
+    description: str = "",
+    tags: Sequence[tuple[str, str]] = (),
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``operations`` (``tags``: name and description of each tag,
+    in the order to show them; tags of operations not named there follow, sorted).
+
+    Raises ValueError for what cannot be documented: a method and path declared twice, two path
+    templates that differ only in their parameter names, two replies of one status and content
+    type, a reply at a status one of the operation's errors also has, a JSON reply that is not
+    an object, or two different schemas under one component name.
+    """
+    schemas, components = _schemas(operations)
+    paths: dict[str, dict[str, Any]] = {}
+    shapes: dict[str, str] = {}
+    for op in operations:
+        path, path_params = _path_template(op.path)
+        shape = re.sub(r"\{[^}]*\}", "{}", path)
+        if shapes.setdefault(shape, path) != path:
+            raise ValueError(f"{op.path}: the same path as {shapes[shape]} with other parameter names")
+        item = paths.setdefault(path, {})
+        method = op.method.lower()
+        if method in item:
+            raise ValueError(f"{op.method} {path} is declared twice")
+        item[method] = _operation(op, path_params, schemas, components)
+
+    tag_list = [{"name": name, "description": text} if text else {"name": name} for name, text in tags]
+    named = {name for name, _ in tags}
+    tag_list += [{"name": tag} for tag in sorted({op.tag for op in operations} - named)]
+
+    info: dict[str, Any] = {"title": title, "version": version}
+    if description:
+        info["description"] = description
+    doc: dict[str, Any] = {
+        "openapi": OPENAPI_VERSION,
+        "jsonSchemaDialect": JSON_SCHEMA_DIALECT,
+        "info": info,
+        "tags": tag_list,
+        "paths": paths,
+    }
+    used = _reachable(paths, components)
+    doc["components"] = {
+        "schemas": {name: components[name] for name in sorted(used)},
+        "headers": {REQUEST_ID_HEADER: {
+            "description": "The request's id, equal to the body's `request_id`; a valid "
+                           "`X-Request-Id` sent by the caller is reused.",
+            "schema": {"type": "string"},
+        }},
+        "securitySchemes": _SECURITY_SCHEMES,
+    }
+    return copy.deepcopy(doc)  # a tree of its own: one schema used twice is two equal dicts
+
+
+def document_json(doc: Mapping[str, Any]) -> bytes:
+    """``doc`` as the bytes to serve and to commit: sorted keys, 2-space indent, final newline."""
+    return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2) + b"\n"
+
+
+# --- schemas ----------------------------------------------------------------------------------
+
+
+class _Generator(GenerateJsonSchema):
+    """pydantic's generator, knowing that a dataclass field marked ``OMIT_IF_NONE`` may be
+    absent from a reply body (``common.http.body_of``)."""
+
+    def dataclass_schema(self, schema: core_schema.DataclassSchema) -> JsonSchemaValue:
+        json_schema = super().dataclass_schema(schema)
+        if self.mode == "serialization" and "required" in json_schema:
+            omitted = {f.name for f in dataclasses.fields(schema["cls"]) if f.metadata.get(OMIT_IF_NONE)}
+            required = [name for name in json_schema["required"] if name not in omitted]
+            if required:
+                json_schema["required"] = required
+            else:
+                del json_schema["required"]
+        return json_schema
+
+
+_Key = tuple[Any, JsonSchemaMode]
+
+
+def _is_json(content_type: str | None) -> bool:
+    if content_type is None:
+        return False
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def _schema_inputs(operations: Iterable[Operation]) -> Iterator[_Key]:
+    for op in operations:
+        if op.body is not None:
+            yield op.body, "validation"
+        if op.query is not None:
+            yield op.query, "validation"
+        for reply in op.replies:
+            if reply.schema is not None:
+                yield reply.schema, "serialization"
+
+
+def _schemas(operations: Sequence[Operation]) -> tuple[dict[_Key, dict[str, Any]], dict[str, Any]]:
+    """The JSON Schema of every type the operations name (keyed by type and mode; usually a
+    ``$ref``), and the components: pydantic's ``$defs`` with the envelope's schemas beside them.
+    One generator for all, so two types of the same name (``Page[User]`` and
+    ``Page[Organization]``, or two ``User`` classes of two modules) get distinct names."""
+    keys = list(dict.fromkeys(_schema_inputs(operations)))
+    inputs = [(key, key[1], TypeAdapter[Any](key[0])) for key in keys]
+    by_key, top = TypeAdapter.json_schemas(inputs, ref_template=SCHEMA_REF, schema_generator=_Generator)
+    components: dict[str, Any] = dict(top.get("$defs", {}))
+    for name, schema in _BUILTIN_SCHEMAS.items():
+        _add_component(components, name, copy.deepcopy(schema))
+    return {key: schema for (key, _), schema in by_key.items()}, components
+
+
+def _add_component(components: dict[str, Any], name: str, schema: dict[str, Any]) -> None:
+    """Add ``schema`` as ``name``; raises ValueError when another schema has that name."""
+    if name in components and components[name] != schema:
+        raise ValueError(f"two different schemas are both named {name!r} in the OpenAPI components "
+                         "(rename the model or dataclass)")
+    components[name] = schema
+
+
+def _resolve(schema: Mapping[str, Any], components: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema``, or the component it refers to."""
+    while "$ref" in schema and len(schema) == 1:
+        ref = schema["$ref"]
+        prefix = SCHEMA_REF.format(model="")
+        if not ref.startswith(prefix):
+            break
+        schema = components[ref.removeprefix(prefix)]
+    return schema
+
+
+def _refs(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "$ref" and isinstance(item, str):
+                yield item
+            else:
+                yield from _refs(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _refs(item)
+
+
+def _reachable(paths: Mapping[str, Any], components: Mapping[str, Any]) -> set[str]:
+    """The names of the components the paths use, directly or through other components (the
+    query models, whose fields became parameters, are left out)."""
+    prefix = SCHEMA_REF.format(model="")
+    seen: set[str] = set()
+    todo = list(_refs(paths))
+    while todo:
+        ref = todo.pop()
+        if not ref.startswith(prefix):
+            continue
+        name = ref.removeprefix(prefix)
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_refs(components[name]))
+    return seen
+
+
+# --- operations -------------------------------------------------------------------------------
+
+
+def _path_template(path: str) -> tuple[str, list[dict[str, Any]]]:
+    """The OpenAPI path of aiohttp's ``path`` (``{name:regex}`` becomes ``{name}``) and its path
+    parameters: a plain ``{name}`` matches one or more characters other than ``/``, a regex is
+    the parameter's pattern."""
+    out: list[str] = []
+    params: list[dict[str, Any]] = []
+    for part in _PATH_PART.split(path):
+        match = _DYNAMIC.match(part)
+        if match is None:
+            out.append(part)
+            continue
+        name, regex = match["name"], match["regex"]
+        schema: dict[str, Any] = {"type": "string"}
+        if regex is None:
+            schema["pattern"] = "^[^/{}]+$"
+        else:
+            schema["pattern"] = f"^(?:{regex})$"
+        out.append("{" + name + "}")
+        params.append({"name": name, "in": "path", "required": True, "schema": schema})
+    return "".join(out), params
+
+
+def _operation(
+    op: Operation,
+    path_params: list[dict[str, Any]],
+    schemas: Mapping[_Key, dict[str, Any]],
+    components: dict[str, Any],
+) -> dict[str, Any]:
+    params = [*path_params]
+    query_names: set[str] = set()
+    if op.query is not None:
+        for param in _query_parameters(schemas[op.query, "validation"], components):
+            query_names.add(param["name"])
+            params.append(param)
+    reserved: list[str] = []
+    for name, meaning in op.headers.items():
+        if name.lower() in _RESERVED_HEADERS:
+            reserved.append(f"`{name}`: {meaning}")
+        else:
+            params.append({"name": name, "in": "header", "required": False,
+                           "description": meaning, "schema": {"type": "string"}})
+    if op.project:
+        if "project_id" not in query_names:
+            params.append({"name": "project_id", "in": "query", "required": False,
+                           "description": "The project this call is for (else the "
+                                          "`Service-Project` header, else the request's host).",
+                           "schema": {"type": "string"}})
+        if not any(name.lower() == "service-project" for name in op.headers):
+            params.append({"name": "Service-Project", "in": "header", "required": False,
+                           "description": "The project this call is for, when the query does not "
+                                          "name it.",
+                           "schema": {"type": "string"}})
+
+    out: dict[str, Any] = {"operationId": op.operation_id, "tags": [op.tag]}
+    if op.summary:
+        out["summary"] = op.summary
+    text = "\n\n".join(filter(None, [
+        op.description,
+        _security_text(op),
+        _PROJECT_TEXT if op.project else "",
+        "Headers: " + "; ".join(reserved) + "." if reserved else "",
+    ]))
+    if text:
+        out["description"] = text
+    if params:
+        out["parameters"] = params
+    if op.body is not None:
+        out["requestBody"] = {"required": True, "content": {
+            "application/json": {"schema": schemas[op.body, "validation"]}}}
+    out["responses"] = _responses(op, bool(path_params), schemas, components)
+    if op.security:
+        out["security"] = _security(op)
+    return out
+
+
+def _query_parameters(schema: Mapping[str, Any], components: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """One query parameter per property of the query model's JSON Schema (named by alias,
+    required as the model says, the description moved from the schema to the parameter)."""
+    model = _resolve(schema, components)
+    required = set(model.get("required", ()))
+    for name, prop in model.get("properties", {}).items():
+        prop = dict(prop)
+        param: dict[str, Any] = {"name": name, "in": "query", "required": name in required}
+        if "description" in prop:
+            param["description"] = prop.pop("description")
+        param["schema"] = _not_null(prop)
+        yield param
+
+
+def _not_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """A query parameter's schema without JSON's ``null``: an optional field (``str | None =
+    None``) is a parameter that may be left out, never one whose value is null."""
+    if schema.get("default", ...) is None:
+        del schema["default"]
+    branches = schema.get("anyOf")
+    if isinstance(branches, list) and {"type": "null"} in branches:
+        rest = [branch for branch in branches if branch != {"type": "null"}]
+        del schema["anyOf"]
+        if len(rest) == 1:
+            schema = {**rest[0], **schema}
+        elif rest:
+            schema["anyOf"] = rest
+    return schema
+
+
+def _security(op: Operation) -> list[dict[str, list[str]]]:
+    """The alternatives, any one of which is enough (an API key with one of the scopes, when
+    there are scopes: OpenAPI's scope list means all of them)."""
+    out: list[dict[str, list[str]]] = []
+    for way in op.security:
+        if way == "api_key":
+            out += [{"apiKey": [scope]} for scope in op.scopes] or [{"apiKey": []}]
+        elif way == "session":
+            out += [{"session": []}, {"sessionCookie": []}]
+        else:
+            out.append({"bootstrapToken": []})
+    return out
+
+
+def _security_text(op: Operation) -> str:
+    ways: list[str] = []
+    for way in op.security:
+        if way == "api_key" and op.scopes:
+            scopes = ", ".join(f"`{scope}`" for scope in op.scopes)
+            ways.append(f"an API key with one of the scopes {scopes} (or a key without scopes)")
+        elif way == "api_key":
+            ways.append("an API key")
+        elif way == "session":
+            ways.append("a session's access token (`Authorization: Bearer` or the "
+                        "`service_session` cookie)")
+        else:
+            ways.append("the bootstrap token (`x-service-bootstrap-token`)")
+    return f"Authentication: {' or '.join(ways)}." if ways else ""
+
+
+# --- responses --------------------------------------------------------------------------------
+
+
+def _errors_of(op: Operation, has_path_params: bool) -> list[type[ServiceError]]:
+    """The error classes ``op`` may answer: its own and those implied by its other fields."""
+    errors: list[type[ServiceError]] = list(op.errors)
+    if op.body is not None or op.query is not None or has_path_params or op.project:
+        errors.append(InvalidRequest)
+    if op.body is not None:
+        errors.append(PayloadTooLarge)
+    if "api_key" in op.security:
+        errors += [MissingApiKey, InvalidApiKey]
+        if op.scopes:
+            errors.append(InsufficientScope)
+    if "session" in op.security:
+        errors.append(NoSession)
+    if "bootstrap_token" in op.security:
+        errors += [MissingBootstrapToken, BootstrapDisabled]
+    if op.project:
+        errors.append(ProjectNotFound)
+    errors += [InternalError, DbUnavailable]
+    return errors
+
+
+def _headers(reply_headers: Mapping[str, str]) -> dict[str, Any]:
+    headers: dict[str, Any] = {REQUEST_ID_HEADER: {"$ref": f"#/components/headers/{REQUEST_ID_HEADER}"}}
+    for name, meaning in reply_headers.items():
+        if name.lower() != REQUEST_ID_HEADER.lower() and name.lower() != "content-type":
+            headers[name] = {"description": meaning, "schema": {"type": "string"}}
+    return headers
+
+
+def _responses(
+    op: Operation,
+    has_path_params: bool,
+    schemas: Mapping[_Key, dict[str, Any]],
+    components: dict[str, Any],
+) -> dict[str, Any]:
+    responses: dict[str, Any] = {}
+    for reply in op.replies:
+        status = str(reply.status)
+        response = responses.setdefault(status, {"description": reply.description,
+                                                 "headers": _headers(reply.headers)})
+        if response["description"] != reply.description:
+            response["description"] += f"\n\n{reply.description}"
+        response["headers"].update(_headers(reply.headers))
+        if reply.content_type is None:
+            continue
+        content = response.setdefault("content", {})
+        if reply.content_type in content:
+            raise ValueError(f"{op.operation_id}: two {status} replies of type {reply.content_type}")
+        content[reply.content_type] = {"schema": _body_schema(op, reply, schemas, components)}
+
+    by_status: dict[int, dict[str, type[ServiceError]]] = {}
+    for err in _errors_of(op, has_path_params):
+        by_status.setdefault(err.status, {}).setdefault(err.code, err)
+    for code_status, codes in sorted(by_status.items()):
+        if str(code_status) in responses:
+            raise ValueError(f"{op.operation_id}: status {code_status} is both a reply and an error")
+        responses[str(code_status)] = _error_response(code_status, [codes[c] for c in sorted(codes)])
+    return dict(sorted(responses.items()))
+
+
+def _body_schema(
+    op: Operation, reply: Reply, schemas: Mapping[_Key, dict[str, Any]], components: dict[str, Any],
+) -> dict[str, Any]:
+    """The schema of ``reply``'s body: for JSON, its type's schema with ``request_id`` beside its
+    fields (``allOf`` with ``RequestId``; for an object that forbids other properties, a copy of
+    its schema with ``request_id`` added); for another type, its schema or a string."""
+    if reply.schema is None:
+        if _is_json(reply.content_type):
+            return {"$ref": SCHEMA_REF.format(model="RequestId")}
+        return {"type": "string"}
+    schema = schemas[reply.schema, "serialization"]
+    if not _is_json(reply.content_type):
+        return schema
+    target = _resolve(schema, components)
+    if target.get("type", "object") != "object":
+        raise ValueError(f"{op.operation_id}: a JSON reply's body must be an object, not "
+                         f"{target.get('type')!r}")
+    if target.get("additionalProperties", True) is True and "unevaluatedProperties" not in target:
+        return {"allOf": [schema, {"$ref": SCHEMA_REF.format(model="RequestId")}]}
+    inline = copy.deepcopy(dict(target))
+    inline["properties"] = {**inline.get("properties", {}),
+                            "request_id": copy.deepcopy(_REQUEST_ID_SCHEMA["properties"]["request_id"])}
+    inline["required"] = [*(r for r in inline.get("required", ()) if r != "request_id"), "request_id"]
+    return inline
+
+
+def _error_response(status: int, errors: Sequence[type[ServiceError]]) -> dict[str, Any]:
+    """One error status: the ``Error`` body with ``error.code`` narrowed to ``errors``' codes."""
+    lines = "\n".join(f"- `{err.code}`: {err.default_message}" for err in errors)
+    return {
+        "description": f"{HTTPStatus(status).phrase}. Error codes:\n\n{lines}",
+        "headers": _headers({}),
+        "content": {"application/json": {"schema": {"allOf": [
+            {"$ref": SCHEMA_REF.format(model="Error")},
+            {"type": "object", "properties": {"error": {"type": "object", "properties": {
+                "code": {"type": "string", "enum": [err.code for err in errors]}}}}},
+        ]}}},
+    }
