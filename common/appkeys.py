@@ -10,12 +10,15 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from common.auth import ApiKeyAuthenticator
+from common.jwks import PgKeySource
 from common.settings import Settings
 
 SETTINGS: Final = web.AppKey("settings", Settings)
 PG_POOL: Final = web.AppKey("pg_pool", asyncpg.Pool)
 REDIS: Final = web.AppKey("redis", Redis)
 AUTHENTICATOR: Final = web.AppKey("authenticator", ApiKeyAuthenticator)
+# The published signing keys of every project, for verifying access tokens (common.access_tokens).
+SIGNING_KEYS: Final = web.AppKey("signing_keys", PgKeySource)
 # Each service appends a probe; /readyz answers 200 only when all return True.
 READINESS: Final = web.AppKey("readiness", list[Callable[[], bool]])
 RESOURCES_INSTALLED: Final = web.AppKey("resources_installed", bool)

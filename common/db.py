@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import asyncpg
 import orjson
 
@@ -47,7 +49,7 @@ class Params:
     * by value, for SQL built per request: ``p(value)`` appends ``value`` and returns its ``$n``;
       pass ``p.values`` as the arguments.
     * by name, for SQL built once and run many times: ``p["name"]`` returns the ``$n`` of
-      ``name`` (the same one each time it is asked); at run time ``p.bind(name=value, ...)``
+      ``name`` (the same one each time it is asked); at run time ``p.bind({name: value, ...})``
       gives the arguments in order (raises KeyError when a name is missing or unknown).
     """
 
@@ -74,10 +76,22 @@ class Params:
         """The named parameters in ``$n`` order."""
         return tuple(self._names)
 
-    def bind(self, **values: object) -> list[object]:
+    def bind(self, values: Mapping[str, object]) -> list[object]:
         """The arguments of a named statement, in ``$n`` order. Raises KeyError for a missing
         or an unknown name."""
         unknown = values.keys() - self._names.keys()
         if unknown:
             raise KeyError(f"unknown parameters {sorted(unknown)}")
         return [values[name] for name in self._names]
+
+
+async def delete_in_batches(pool: asyncpg.Pool, sql: str, *, batch: int = 5000) -> int:
+    """Run ``sql`` (a DELETE of at most ``$1`` rows) until a batch comes back short, so no pass
+    holds long locks; returns how many rows it deleted in all."""
+    total = 0
+    while True:
+        status = await pool.execute(sql, batch)
+        n = int(status.rsplit(" ", 1)[-1])
+        total += n
+        if n < batch:
+            return total

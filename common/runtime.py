@@ -2,8 +2,8 @@
 
 ``base_app`` builds an Application with the tracing (when set up) and envelope middlewares and
 settings; ``install_resources`` opens the PostgreSQL pool, Redis client, API-key authenticator
-and revocation feed in a ``cleanup_ctx`` once, whether one service or both live in the app
-(``authio serve``).
+with its revocation feed, and the signing-key source in a ``cleanup_ctx`` once, whether one
+service or both live in the app (``authio serve``).
 """
 
 from __future__ import annotations
@@ -11,18 +11,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
 from aiohttp import web
 from redis.asyncio import Redis
 
-from common.appkeys import AUTHENTICATOR, PG_POOL, READINESS, REDIS, RESOURCES_INSTALLED, SETTINGS
+from common.appkeys import (
+    AUTHENTICATOR,
+    PG_POOL,
+    READINESS,
+    REDIS,
+    RESOURCES_INSTALLED,
+    SETTINGS,
+    SIGNING_KEYS,
+)
 from common.auth import ApiKeyAuthenticator, follow_revocations
 from common.db import create_pool
 from common.errors import NotReady
 from common.http import envelope_middleware, json_response
+from common.jwks import PgKeySource
+from common.routing import Reply, RouteTable
 from common.settings import Settings
 from common.telemetry import server_middlewares
 
@@ -40,8 +51,7 @@ def base_app(settings: Settings) -> web.Application:
     app[SETTINGS] = settings
     app[READINESS] = []
     app[RESOURCES_INSTALLED] = False
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    health_routes.mount(app.router)
     return app
 
 
@@ -58,6 +68,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     redis = Redis.from_url(settings.redis_url)
     auth = ApiKeyAuthenticator(pool, ttl_seconds=settings.api_key_cache_seconds)
     app[PG_POOL], app[REDIS], app[AUTHENTICATOR] = pool, redis, auth
+    app[SIGNING_KEYS] = PgKeySource(pool)
     feed = asyncio.create_task(follow_revocations(redis, settings.redis_prefix, auth))
     try:
         yield
@@ -68,6 +79,22 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 
 
 POOL_CLOSE_SECONDS: Final = 10.0
+
+
+async def every(interval_seconds: float, step: Callable[[], Awaitable[object]], *, what: str,
+                logger: logging.Logger, first_after: float = 0.0) -> None:
+    """Run ``step`` after ``first_after`` seconds, then every ``interval_seconds``, until
+    cancelled: a background worker's loop. A failed pass is logged (``what`` names it) and the
+    next one comes at the next interval, so a database outage never ends the worker."""
+    await asyncio.sleep(first_after)
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("%s failed; retrying in %.0f s", what, interval_seconds)
+        await asyncio.sleep(interval_seconds)
 
 
 async def stop_tasks(*tasks: asyncio.Task[Any]) -> None:
@@ -93,13 +120,27 @@ async def close_pool(pool: asyncpg.Pool) -> None:
         pool.terminate()
 
 
+health_routes = RouteTable("health", "Liveness and readiness probes of either service.")
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """``ok`` (alive) or ``ready`` (serving)."""
+
+    status: str
+
+
+@health_routes.route("GET", "/healthz", replies=[Reply(200, "The process answers.", Health)])
 async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process answers."""
-    return json_response(request, {"status": "ok"})
+    return json_response(request, Health("ok"))
 
 
+@health_routes.route("GET", "/readyz", errors=(NotReady,),
+                     replies=[Reply(200, "Ready to serve.", Health)])
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: every service hosted here says it is ready (engine: stores loaded, following)."""
+    """Readiness: every service hosted here is ready (the engine: its stores are loaded and it
+    follows the change log)."""
     if not all(probe() for probe in request.app[READINESS]):
         raise NotReady()
-    return json_response(request, {"status": "ready"})
+    return json_response(request, Health("ready"))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Final, Self, TypeVar
 
 from aiohttp import web
+from multidict import MultiMapping
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -21,11 +22,13 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
-from common.errors import InvalidRequest
+from common.errors import InvalidRequest, ServiceError
 from common.http import read_json
 
 M = TypeVar("M", bound=BaseModel)
+_REFUSAL: Final = "refusal"
 
 CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """C0 and C1 control characters (and DEL): never allowed in a human-readable text field."""
@@ -72,10 +75,25 @@ class PatchModel(RequestModel):
 
 
 
-def validation_error(exc: ValidationError) -> InvalidRequest:
-    """Turn a pydantic error into ``invalid_request`` with ``details.fields`` (dotted paths)."""
+def refusal(error: type[ServiceError], message: str | None = None,
+            details: dict[str, Any] | None = None) -> PydanticCustomError:
+    """What a validator raises to refuse a value with a code of its own (``invalid_email``
+    422, ``invalid_slug`` 422, ...) instead of ``invalid_request``: when every failure of the
+    body is such a refusal, the first one is the answer; alongside other failures it is listed
+    in ``invalid_request``'s ``details.fields`` like them."""
+    return PydanticCustomError(_REFUSAL, message or error.default_message,
+                               {"error": error, "details": details})
+
+
+def validation_error(exc: ValidationError) -> ServiceError:
+    """Turn a pydantic error into ``invalid_request`` with ``details.fields`` (dotted paths), or
+    into the code of a ``refusal`` when only refusals failed."""
+    errors = exc.errors(include_url=False)
+    if errors and all(err["type"] == _REFUSAL for err in errors):
+        ctx = errors[0]["ctx"]
+        return ctx["error"](errors[0]["msg"], details=ctx["details"])  # type: ignore[no-any-return]
     fields = []
-    for err in exc.errors(include_url=False):
+    for err in errors:
         path = ".".join(str(p) for p in err["loc"]) or "body"
         cause = err.get("ctx", {}).get("error")
         if err["type"] == "extra_forbidden":
@@ -90,7 +108,8 @@ def validation_error(exc: ValidationError) -> InvalidRequest:
 
 
 def parse_model(model: type[M], data: Mapping[str, Any]) -> M:
-    """Validate ``data`` into ``model``; raises InvalidRequest naming each bad field."""
+    """Validate ``data`` into ``model``; raises InvalidRequest naming each bad field (or a
+    ``refusal``'s error)."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -102,3 +121,36 @@ async def parse_body(request: web.Request, model: type[M]) -> M:
     return parse_model(model, await read_json(request))
 
 
+
+
+class QueryModel(BaseModel):
+    """Base of query-string models: each field is a parameter, its value arrives as text (so
+    values are converted, unlike a body's). Parameters the model does not name are ignored
+    unless ``strict_names`` (then they are ``invalid_request``), and of a repeated one the first
+    counts unless ``single_values`` (then a repeat is ``invalid_request``)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=False)
+    strict_names: ClassVar[bool] = False
+    single_values: ClassVar[bool] = False
+
+
+Q = TypeVar("Q", bound=QueryModel)
+
+
+def parse_query(query: MultiMapping[str], model: type[Q]) -> Q:
+    """``query`` (a request's query string) validated into ``model``. Raises InvalidRequest
+    naming each bad parameter."""
+    if model.strict_names:
+        allowed = [f.alias or name for name, f in model.model_fields.items()]
+        unknown = sorted(set(query) - set(allowed))
+        if unknown:
+            fields = [{"field": name, "message": "unknown query parameter"} for name in unknown]
+            raise InvalidRequest(
+                f"Unknown query parameter {unknown[0]!r}; allowed: {', '.join(allowed)}.",
+                details={"fields": fields})
+    if model.single_values:
+        for name in query:
+            if len(query.getall(name)) > 1:
+                raise InvalidRequest.field(name, "must be given at most once")
+    values = {name: query[name] for name in query}  # the first of repeated values
+    return parse_model(model, values)

@@ -38,14 +38,22 @@ by the validators and :func:`is_valid_tuple`, the engine's per-check fast path.
 from __future__ import annotations
 
 import re
-from typing import Final, TypeGuard
+from typing import Annotated, Final, TypeGuard
+
+from pydantic import AfterValidator, WithJsonSchema
+
+from common.schemas import RequestModel
 
 __all__ = [
     "MAX_ID_LENGTH",
     "MAX_NAME_LENGTH",
     "MAX_OBJECT_LENGTH",
     "MAX_USER_LENGTH",
+    "ObjectName",
+    "RelationName",
     "TupleFormatError",
+    "TupleKey",
+    "UserName",
     "is_valid_tuple",
     "validate_object",
     "validate_relation",
@@ -233,3 +241,25 @@ def _diagnose_user(value: object) -> str:
     if len(value) > MAX_USER_LENGTH:
         return f"user is {len(value)} characters long; at most {MAX_USER_LENGTH} are allowed"
     return _diagnose_typed_id("user", base)
+
+
+# --- as request-model types (control plane writes, engine checks) -----------------------------
+
+ObjectName = Annotated[str, AfterValidator(validate_object), WithJsonSchema(
+    {"type": "string", "description": "type:id", "maxLength": MAX_OBJECT_LENGTH})]
+RelationName = Annotated[str, AfterValidator(validate_relation), WithJsonSchema(
+    {"type": "string", "description": "a relation name", "maxLength": MAX_NAME_LENGTH})]
+UserName = Annotated[str, AfterValidator(validate_user), WithJsonSchema(
+    {"type": "string", "description": "type:id, or type:id#relation (a userset)",
+     "maxLength": MAX_USER_LENGTH})]
+
+
+class TupleKey(RequestModel):
+    """A relationship tuple ``object#relation@user`` (SPEC.md 2)."""
+
+    object: ObjectName
+    relation: RelationName
+    user: UserName
+
+    def key(self) -> tuple[str, str, str]:
+        return (self.object, self.relation, self.user)

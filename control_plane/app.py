@@ -1,71 +1,106 @@
-"""The control plane's app factory: routes and background workers (DESIGN.md)."""
+"""The control plane's app factory: one list of routes, one resources context, one workers
+context (DESIGN.md "One package per domain").
+
+Every domain's ``endpoints.routes`` is mounted from :func:`route_tables`; every domain's
+``tasks.workers`` runs from ``_workers``; every resource of the control plane is opened and
+closed in ``_resources``. ``GET /openapi.json`` serves the document of every route of the
+service (the engine's too: production routes ``/openapi.json`` to the control plane).
+"""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from importlib import metadata
+from typing import Final
 
 from aiohttp import web
 
-from common.appkeys import PG_POOL, SETTINGS
-from common.runtime import base_app, install_resources, stop_tasks
+from common.appkeys import PG_POOL, REDIS, SETTINGS
+from common.openapi import build_document, document_json
+from common.routing import Reply, RouteTable, operations
+from common.runtime import base_app, health_routes, install_resources
 from common.settings import Settings, SettingsError
-from control_plane import (
-    api_keys,
-    audit_events,
-    bootstrap,
-    invitations,
-    memberships,
-    organizations,
-    outbox,
-    projects,
-    sessions,
-    signin,
-    signing_keys,
-    stores,
-    tuples,
-    users,
+from control_plane.appkeys import (
+    CURSOR_SECRET,
+    KEYRING,
+    KMS,
+    MAILBOX,
+    OPENAPI,
+    SEND_LIMITS,
+    TOKENS,
 )
-from control_plane.appkeys import CURSOR_SECRET, KMS
-from control_plane.audit_partitions import manage_partitions, run_partition_manager
-from control_plane.housekeeping import run_housekeeping
+from control_plane.audit import endpoints as audit
+from control_plane.audit import tasks as audit_tasks
+from control_plane.authz import endpoints as authz
 from control_plane.kms import LocalKms
-from control_plane.pagination import load_cursor_secret
+from control_plane.magic_links import endpoints as magic_links
+from control_plane.magic_links import tasks as magic_link_tasks
+from control_plane.magic_links.service import SendLimits
+from control_plane.messages import endpoints as messages
+from control_plane.messages import tasks as message_tasks
+from control_plane.messages.senders import ConsoleSink, uses_console
+from control_plane.organizations import endpoints as organizations
+from control_plane.sessions import endpoints as sessions
+from control_plane.sessions import tasks as session_tasks
+from control_plane.sessions.tokens import TokenService
+from control_plane.signing_keys import endpoints as signing_keys
+from control_plane.signing_keys import tasks as signing_key_tasks
+from control_plane.signing_keys.keyring import Keyring
+from control_plane.tenancy import endpoints as tenancy
+from control_plane.users import endpoints as users
+from control_plane.web.pagination import load_cursor_secret
+from control_plane.web.ratelimit import RateLimits
+from engine.checks import routes as engine_routes
+
+TITLE: Final = "authio"
+DESCRIPTION: Final = (
+    "Passwordless sign-in, sessions and Zanzibar-style permission checks for multi-tenant "
+    "applications. Every response carries X-Request-Id, equal to the request_id of its body; "
+    "errors are {\"error\": {\"code\", \"message\", \"details\"}, \"request_id\"}."
+)
+ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.routes,
+                 sessions.routes, magic_links.routes, signing_keys.routes, audit.routes)
+WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
+    audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
+    session_tasks.workers, magic_link_tasks.workers,
+)
+meta_routes = RouteTable("meta", "This document.")
 
 
-def setup_control_plane(app: web.Application) -> None:
-    """Add the control plane's routes and workers to ``app`` (alone or beside the engine)."""
-    install_resources(app)
-    app[KMS] = load_kms(app[SETTINGS])
-    app.cleanup_ctx.append(_cursor_secret)
-    app.cleanup_ctx.append(_workers)
-    r = app.router
-    r.add_post("/v1/bootstrap", bootstrap.post_bootstrap)
-    r.add_get("/v1/projects/me", projects.get_me)
-    r.add_post("/v1/api-keys", api_keys.post_key)
-    r.add_get("/v1/api-keys", api_keys.list_keys)
-    r.add_delete("/v1/api-keys/{key_id}", api_keys.delete_key)
-    r.add_post("/v1/stores", stores.post_store)
-    r.add_get("/v1/stores", stores.list_stores)
-    r.add_get("/v1/stores/{store_id}", stores.show_store)
-    r.add_post("/v1/stores/{store_id}/write", tuples.post_write)
-    r.add_get("/v1/stores/{store_id}/tuples", tuples.get_tuples)
-    r.add_get("/v1/audit/events", audit_events.get_events)
-    r.add_get("/v1/audit/events.csv", audit_events.get_events_csv, allow_head=False)
-    r.add_get("/v1/audit/events.jsonl", audit_events.get_events_jsonl, allow_head=False)
-    r.add_get("/v1/audit/events/types", audit_events.get_event_types)
-    r.add_get("/v1/audit-events", audit_events.get_legacy_events)
-    # Identity (issue 4): each module registers its own routes (and workers) with setup(app).
-    # identity-setup
-    signing_keys.setup(app)
-    outbox.setup(app)
-    users.setup(app)
-    organizations.setup(app)
-    memberships.setup(app)
-    invitations.setup(app)
-    sessions.setup(app)
-    signin.setup(app)
+def route_tables(settings: Settings) -> list[RouteTable]:
+    """The control plane's route tables under ``settings`` (the development mailbox only where
+    ``settings.serves_dev_mailbox``)."""
+    return _tables(settings.serves_dev_mailbox)
+
+
+def _tables(dev_mailbox: bool) -> list[RouteTable]:
+    return [*ROUTES, *([messages.dev_routes] if dev_mailbox else []), meta_routes]
+
+
+def openapi_document(settings: Settings) -> bytes:
+    """The OpenAPI 3.1 document of every route the service answers under ``settings``: the
+    probes, the engine's checks, and the control plane's."""
+    return _document(settings.serves_dev_mailbox)
+
+
+@functools.cache
+def _document(dev_mailbox: bool) -> bytes:
+    tables = [health_routes, engine_routes, *_tables(dev_mailbox)]
+    doc = build_document(operations(tables), title=TITLE, version=metadata.version("authio"),
+                         description=DESCRIPTION,
+                         tags=[(t.tag, t.description) for t in tables])
+    return document_json(doc)
+
+
+@meta_routes.route("GET", "/openapi.json", replies=[Reply(200, "The OpenAPI 3.1 document.",
+                                                          content_type="application/json")])
+async def get_openapi(request: web.Request) -> web.Response:
+    """The OpenAPI 3.1 document of this service (generated from its route tables)."""
+    return web.Response(body=request.app[OPENAPI], content_type="application/json",
+                        headers={"Cache-Control": "public, max-age=300"})
 
 
 def load_kms(settings: Settings) -> LocalKms:
@@ -81,33 +116,42 @@ def load_kms(settings: Settings) -> LocalKms:
     return LocalKms(kek)
 
 
-async def _cursor_secret(app: web.Application) -> AsyncIterator[None]:
-    """The cursor-signing secret every process shares (``control_plane.pagination``)."""
-    app[CURSOR_SECRET] = await load_cursor_secret(app[PG_POOL])
+async def _resources(app: web.Application) -> AsyncIterator[None]:
+    """The control plane's resources, after the shared ones (``common.runtime``)."""
+    settings, pool = app[SETTINGS], app[PG_POOL]
+    app[CURSOR_SECRET] = await load_cursor_secret(pool)
+    app[KEYRING] = Keyring(pool, app[KMS])
+    app[TOKENS] = TokenService(app[KEYRING], settings)
+    limits = RateLimits(app[REDIS], settings.redis_url, settings.redis_prefix)
+    app[SEND_LIMITS] = SendLimits(
+        per_destination=limits.limit("magic_link_destination",
+                                     settings.magic_link_rate_per_destination),
+        per_ip=limits.limit("magic_link_ip", settings.magic_link_rate_per_ip),
+    )
     yield
 
 
 async def _workers(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    async with app[PG_POOL].acquire() as conn:
-        await manage_partitions(
-            conn, now=datetime.now(UTC), forward_months=settings.audit_forward_months,
-            retention_months=settings.audit_retention_months,
-        )
-    tasks = [
-        asyncio.create_task(run_partition_manager(
-            app[PG_POOL], forward_months=settings.audit_forward_months,
-            retention_months=settings.audit_retention_months,
-            interval_seconds=settings.audit_partition_interval_seconds,
-        ), name="audit-partitions"),
-        asyncio.create_task(run_housekeeping(
-            app[PG_POOL], interval_seconds=settings.housekeeping_interval_seconds,
-        ), name="housekeeping"),
-    ]
-    try:
+    """Every domain's background workers, while the app runs."""
+    async with contextlib.AsyncExitStack() as stack:
+        for workers in WORKERS:
+            await stack.enter_async_context(workers(app))
         yield
-    finally:
-        await stop_tasks(*tasks)
+
+
+def setup_control_plane(app: web.Application) -> None:
+    """Add the control plane to ``app`` (alone or beside the engine). Raises SettingsError
+    without a key-encryption key."""
+    settings = app[SETTINGS]
+    install_resources(app)
+    app[KMS] = load_kms(settings)
+    if uses_console(settings):
+        app[MAILBOX] = ConsoleSink()
+    app[OPENAPI] = openapi_document(settings)
+    app.cleanup_ctx.append(_resources)
+    app.cleanup_ctx.append(_workers)
+    for table in route_tables(settings):
+        table.mount(app.router)
 
 
 def create_control_plane_app(settings: Settings) -> web.Application:

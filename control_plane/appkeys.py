@@ -1,24 +1,31 @@
-"""Typed application state of the control plane alone (``web.AppKey``; no string keys).
-
-State both services share lives in ``common.appkeys``.
-"""
+"""Every piece of the control plane's application state (``web.AppKey``, fully typed; no
+string keys). State both services share (settings, pool, Redis, API-key authenticator, signing
+keys, readiness probes) is in ``common.appkeys``; each is set in a cleanup context of
+``control_plane.app``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from aiohttp import web
 
 from control_plane.kms import LocalKms
+from control_plane.magic_links.service import SendLimits
+from control_plane.messages.senders import ConsoleSink
+from control_plane.sessions.tokens import TokenService
+from control_plane.signing_keys.keyring import Keyring
 
-# The deployment's cursor-signing secret (``control_plane.pagination``), loaded at start.
 CURSOR_SECRET: Final = web.AppKey("cursor_secret", bytes)
-# Envelope encryption of secrets at rest (``control_plane.kms``), from SERVICE_KMS_KEY[_FILE].
+"""The deployment's cursor-signing secret (``control_plane.web.pagination``)."""
 KMS: Final = web.AppKey("kms", LocalKms)
-
-# Access-token signing and verification (``control_plane.tokens.TokenService``), created at start
-# by ``control_plane.signing_keys.setup``. The class is named for the type checker only, since
-# ``control_plane.tokens`` imports modules that import this one.
-if TYPE_CHECKING:
-    from control_plane.tokens import TokenService
-TOKENS: Final[web.AppKey[TokenService]] = web.AppKey("tokens")
+"""Envelope encryption of secrets at rest, from ``SERVICE_KMS_KEY[_FILE]``."""
+KEYRING: Final = web.AppKey("keyring", Keyring)
+"""Each project's active signing key (``control_plane.signing_keys.keyring``)."""
+TOKENS: Final = web.AppKey("tokens", TokenService)
+"""Access-token issuing (``control_plane.sessions.tokens``)."""
+SEND_LIMITS: Final = web.AppKey("send_limits", SendLimits)
+"""The magic-link send rate limits, counted in Redis (``control_plane.web.ratelimit``)."""
+MAILBOX: Final = web.AppKey("dev_mailbox", ConsoleSink)
+"""The console message sink, present when a channel uses it (the development mailbox)."""
+OPENAPI: Final = web.AppKey("openapi_document", bytes)
+"""The service's OpenAPI document, serialized (``control_plane.app.openapi_document``)."""

@@ -31,13 +31,12 @@ Errors (the envelope of ``common.http``): ``missing_api_key``/``invalid_api_key`
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import orjson
 from aiohttp import web
 
-from common.appkeys import AUTHENTICATOR, PG_POOL, READINESS, SETTINGS
+from common.appkeys import AUTHENTICATOR, SETTINGS
 from common.auth import Principal
 from common.errors import (
     InvalidRequest,
@@ -49,8 +48,7 @@ from common.errors import (
 )
 from common.http import REQUEST_ID, read_json
 from common.ids import is_id
-from common.runtime import base_app, install_resources
-from common.settings import Settings
+from common.routing import Reply, RouteTable
 from common.tuples import (
     TupleFormatError,
     is_valid_tuple,
@@ -60,14 +58,14 @@ from common.tuples import (
 )
 from engine import graph
 from engine.appkeys import STORES
-from engine.registry import LoadedStore, StoreRegistry
+from engine.registry import LoadedStore
+from engine.schemas import MAX_BATCH, BatchCheckRequest, BatchCheckResult, CheckRequest, CheckResult
 
-__all__ = ["MAX_BATCH", "create_engine_app", "setup_engine"]
-
-MAX_BATCH: Final = 1000
-"""Most items one batch-check may hold."""
+__all__ = ["batch_check", "check", "routes"]
 
 SCOPE: Final = "authz:check"
+routes = RouteTable("checks", "Permission checks, answered from memory by the engine.")
+_ERRORS: Final = (StoreNotFound, NotReady, RevisionNotReached)
 
 _CHECK_FIELDS: Final = frozenset({"tuple_key", "consistency"})
 _BATCH_FIELDS: Final = frozenset({"checks", "consistency"})
@@ -248,8 +246,15 @@ def _item_error(err: ServiceError) -> dict[str, Any]:
 # -- handlers ----------------------------------------------------------------------------------
 
 
+@routes.route("POST", "/v1/stores/{store_id}/check", security=("api_key",), scopes=(SCOPE,),
+              body=CheckRequest, errors=(*_ERRORS, ResolutionTooComplex),
+              replies=[Reply(200, "The answer, and how it was reached.", CheckResult)])
 async def check(request: web.Request) -> web.Response:
-    """``POST /v1/stores/{store_id}/check``: one check; see the module docstring for shapes."""
+    """Check one permission: does the user have the relation on the object?
+
+    Answered from the engine's memory at the store's current revision, or at least at
+    ``consistency.at_least_revision`` (waiting up to a bound). ``resolution_path`` says why an
+    answer is yes; a check that hits the depth cap is ``resolution_too_complex``, never a no."""
     principal = await _principal(request)
     fields: Fields = []
     parsed = _parse_check(await read_json(request), fields)
@@ -265,8 +270,11 @@ async def check(request: web.Request) -> web.Response:
     return _respond(request, body)
 
 
+@routes.route("POST", "/v1/stores/{store_id}/batch-check", security=("api_key",),
+              scopes=(SCOPE,), body=BatchCheckRequest, errors=_ERRORS,
+              replies=[Reply(200, "One result per check, in order.", BatchCheckResult)])
 async def batch_check(request: web.Request) -> web.Response:
-    """``POST /v1/stores/{store_id}/batch-check``: up to 1000 checks answered in order.
+    """Check up to 1,000 permissions in one call, answered in order at one revision.
 
     Authentication, scope, the envelope, the store and the top-level ``consistency`` fail the
     whole call; a bad item (invalid tuple or fields, depth cap hit, its own
@@ -305,42 +313,3 @@ async def batch_check(request: web.Request) -> web.Response:
                 results.append(_item_error(
                     ResolutionTooComplex(details={"max_depth": exc.max_depth})))
     return _respond(request, {"results": results, "revision": store.revision})
-
-
-# -- wiring ------------------------------------------------------------------------------------
-
-
-async def _registry_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
-    registry = StoreRegistry(
-        pool=app[PG_POOL], dsn=settings.database_url, poll_seconds=settings.engine_poll_seconds
-    )
-    app[STORES] = registry
-    registry.start()
-    try:
-        yield
-    finally:
-        await registry.close()
-
-
-def setup_engine(app: web.Application) -> None:
-    """Add the engine to ``app`` (built by ``common.runtime.base_app``): shared resources, the
-    store registry (started in a cleanup context; loads in the background), its readiness probe
-    (``/readyz`` answers 503 until every store is loaded and caught up), and the check routes."""
-    install_resources(app)
-    app.cleanup_ctx.append(_registry_ctx)
-
-    def stores_ready() -> bool:
-        registry = app.get(STORES)
-        return registry is not None and registry.ready
-
-    app[READINESS].append(stores_ready)
-    app.router.add_post("/v1/stores/{store_id}/check", check)
-    app.router.add_post("/v1/stores/{store_id}/batch-check", batch_check)
-
-
-def create_engine_app(settings: Settings) -> web.Application:
-    """The engine service alone: ``base_app(settings)`` plus :func:`setup_engine`."""
-    app = base_app(settings)
-    setup_engine(app)
-    return app

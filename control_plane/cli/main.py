@@ -1,10 +1,11 @@
-"""The ``authio`` command: serve, migrate.
+"""The ``authio`` command: serve, migrate, and the files a deployment needs.
 
     authio serve                  both apps on one port (PORT, default 8080)
     authio serve engine           the engine alone (SERVICE_ENGINE_PORT, default 8081)
     authio serve control-plane    the control plane alone (PORT)
     authio migrate                apply pending schema migrations
     authio kms-key --file PATH    write a new key-encryption key to PATH unless it exists
+    authio openapi [--out PATH]   write the OpenAPI document (standard output by default)
 
 Logs are JSON lines on standard error (common.logging); traces follow the OTEL_* variables
 (common.telemetry; spans on standard output by default).
@@ -19,45 +20,7 @@ import secrets
 import sys
 
 from common.logging import configure_logging
-from common.settings import Settings, SettingsError, load_settings
-
-# OTEL_SERVICE_NAME overrides these; `authio serve` hosts both apps in one process: "authio".
-SERVICE_NAMES = {"all": "authio", "engine": "authio-engine", "control-plane": "authio-control-plane"}
-
-
-def _serve(settings: Settings, target: str) -> None:
-    import uvloop
-    from aiohttp import web
-
-    from common.telemetry import setup_tracing, shutdown_tracing
-    from control_plane.app import create_control_plane_app, setup_control_plane
-    from engine.checks import create_engine_app, setup_engine
-
-    # Before any app, pool or client session exists: instrumentation patches their classes and
-    # base_app puts the server-span middleware first.
-    provider = setup_tracing(settings, service_name_default=SERVICE_NAMES[target])
-    try:
-        if target == "engine":
-            app, port = create_engine_app(settings), settings.engine_port
-        elif target == "control-plane":
-            app, port = create_control_plane_app(settings), settings.port
-        else:
-            from common.runtime import base_app
-
-            app, port = base_app(settings), settings.port
-            setup_engine(app)
-            setup_control_plane(app)
-        # run_app handles SIGTERM and SIGINT as a graceful shutdown: stop accepting, finish
-        # in-flight requests (up to shutdown_timeout), then run every cleanup context.
-        web.run_app(
-            app, host=settings.host, port=port, loop=uvloop.new_event_loop(), access_log=None,
-            shutdown_timeout=15.0,
-            print=lambda _: print(f"authio {target} listening on http://{settings.host}:{port}",
-                                  flush=True),
-        )
-    finally:
-        if provider is not None:
-            shutdown_tracing(provider)  # flush the last spans, bounded
+from common.settings import SettingsError, load_settings
 
 
 def _write_kms_key(path: str) -> int:
@@ -76,6 +39,20 @@ def _write_kms_key(path: str) -> int:
     return 0
 
 
+def _write_openapi(out: str | None) -> int:
+    """Write the document the service serves at ``GET /openapi.json`` under the default
+    settings of a local run (``docs/openapi.json`` is this). Returns the exit code."""
+    from control_plane.app import openapi_document
+
+    document = openapi_document(load_settings())
+    if out is None:
+        sys.stdout.buffer.write(document)
+    else:
+        with open(out, "wb") as f:
+            f.write(document)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="authio", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,9 +67,13 @@ def main(argv: list[str] | None = None) -> None:
     kms_key = sub.add_parser("kms-key", help="write a new key-encryption key (SERVICE_KMS_KEY_FILE) "
                                              "to a file, unless the file exists")
     kms_key.add_argument("--file", required=True, help="path of the key file (created mode 0600)")
+    openapi = sub.add_parser("openapi", help="write the OpenAPI 3.1 document of every route")
+    openapi.add_argument("--out", help="file to write (default: standard output)")
     args = parser.parse_args(argv)
     if args.command == "kms-key":
         sys.exit(_write_kms_key(args.file))
+    if args.command == "openapi":
+        sys.exit(_write_openapi(args.out))
 
     if getattr(args, "generate_bootstrap_token", False) and not os.environ.get(
         "SERVICE_BOOTSTRAP_TOKEN"
@@ -119,7 +100,9 @@ def main(argv: list[str] | None = None) -> None:
                 load_kms(settings)
             except SettingsError as exc:
                 sys.exit(f"authio: {exc}")
-        _serve(settings, args.target)
+        from control_plane.cli.serve import serve as run_service
+
+        run_service(settings, args.target)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ partition, and on every partition attached later (the partition manager's ``ATTA
   never spans two fields). ``control_plane.audit_events.SEARCH_EXPR`` is the same expression,
   character for character; a test proves the planner picks this index for it.
 * ``service_secrets``: per-deployment secrets shared by every process, created on first use
-  (``cursor_hmac`` signs pagination cursors, ``control_plane.pagination``).
+  (``cursor_hmac`` signs pagination cursors, ``control_plane.web.pagination``).
 
 Revision ID: 0002
 Revises: 0001

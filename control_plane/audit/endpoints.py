@@ -1,0 +1,140 @@
+"""The audit log's routes (scope ``audit:read``; a key only ever reads its own project's events).
+
+``GET /v1/audit/events`` lists, ``.csv`` and ``.jsonl`` export, ``/types`` names the recent
+actions, and the legacy ``GET /v1/audit-events`` keeps working (SPEC.md 9.2).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Final
+
+from aiohttp import web
+
+from common.http import request_id
+from common.routing import Reply, RouteTable
+from control_plane.appkeys import CURSOR_SECRET
+from control_plane.audit import service
+from control_plane.audit.schemas import (
+    AuditEvent,
+    EventsQuery,
+    EventTypes,
+    ExportQuery,
+    LegacyPage,
+    LegacyQuery,
+    TypesQuery,
+)
+from control_plane.web import auth
+from control_plane.web.actor import Call
+from control_plane.web.endpoint import endpoint
+from control_plane.web.pagination import Listing, Page
+
+log = logging.getLogger("authio.audit")
+
+routes = RouteTable("audit", "The audit log: every consequential change, by whom, from where.")
+AUDIT_READ: Final = auth.ApiKey("audit:read")
+_CONTINUATION: Final = {
+    "Service-Next-Cursor": "Present when more events remain past the cap: pass it as cursor.",
+    "Link": 'The same URL with that cursor, rel="next".',
+    "Content-Disposition": "attachment; filename=audit-events-<project>-<time>.<ext>",
+}
+
+
+def _listing(call: Call) -> Listing:
+    return service.listing(call.project_id, call.app[CURSOR_SECRET])
+
+
+@endpoint(routes, "GET", "/v1/audit/events", auth=AUDIT_READ,
+          replies=[Reply(200, "A page of events, newest first.", Page[AuditEvent])])
+async def get_audit_events(call: Call, query: EventsQuery) -> web.Response:
+    """List the project's audit events.
+
+    Filters combine: ``type`` (comma-separated actions), ``user``, ``actor``, ``from``
+    (inclusive) and ``to`` (exclusive) ISO 8601 times, and ``q`` (a case-insensitive substring
+    of the action, actor id, target id or description). Newest first, keyset-paginated; paging
+    while events are written never repeats or skips one."""
+    page = await service.list_events(call.pool, _listing(call), query)
+    return call.reply(page)
+
+
+async def _export(call: Call, query: ExportQuery, fmt: service.ExportFormat,
+                  content_type: str) -> web.StreamResponse:
+    request = call.request
+    now = datetime.now(UTC)
+    response = web.StreamResponse(headers={
+        "X-Request-Id": request_id(request),
+        "Cache-Control": "no-store",
+        "Content-Disposition": (f'attachment; filename="audit-events-{call.project_id}-'
+                                f'{now:%Y%m%dT%H%M%SZ}.{fmt}"'),
+    })
+    response.content_type = content_type
+    if fmt == "csv":
+        response.charset = "utf-8"
+    try:
+        async with service.open_export(call.pool, _listing(call), query,
+                                       fmt) as export:
+            if export.next_cursor is not None:
+                response.headers["Service-Next-Cursor"] = export.next_cursor
+                response.headers["Link"] = (
+                    f'<{request.rel_url.update_query(cursor=export.next_cursor)}>; rel="next"')
+            await response.prepare(request)
+            async for chunk in export.chunks:
+                await response.write(chunk)
+    except Exception as exc:
+        if not response.prepared:
+            raise  # nothing sent yet: the envelope middleware answers
+        # The status line is out. A client that left needs nothing; otherwise all that is left
+        # is to cut the transfer short, so the client sees an incomplete body, not a whole file.
+        if isinstance(exc, ConnectionResetError):
+            log.info("audit export: the client went away", extra={"request_id": request_id(request)})
+        else:
+            log.exception("audit export failed mid-stream", extra={"request_id": request_id(request)})
+            if request.transport is not None:
+                request.transport.abort()
+        return response
+    await response.write_eof()
+    return response
+
+
+@endpoint(routes, "GET", "/v1/audit/events.csv", auth=AUDIT_READ, allow_head=False,
+          replies=[Reply(200, "RFC 4180 CSV with a header row.", content_type="text/csv",
+                         headers=_CONTINUATION)])
+async def get_audit_events_csv(call: Call, query: ExportQuery) -> web.StreamResponse:
+    """Export the project's audit events as CSV.
+
+    The listing's filters and cursor; at most ``limit`` rows (default and cap 100,000). A cell
+    starting with ``=`` ``+`` ``-`` ``@`` TAB or CR is prefixed with ``'`` (OWASP CSV
+    injection)."""
+    return await _export(call, query, "csv", "text/csv")
+
+
+@endpoint(routes, "GET", "/v1/audit/events.jsonl", auth=AUDIT_READ, allow_head=False,
+          replies=[Reply(200, "One full event (with metadata) per line.",
+                         content_type="application/x-ndjson", headers=_CONTINUATION)])
+async def get_audit_events_jsonl(call: Call, query: ExportQuery) -> web.StreamResponse:
+    """Export the project's audit events as JSON lines.
+
+    The listing's filters and cursor; at most ``limit`` rows (default and cap 100,000)."""
+    return await _export(call, query, "jsonl", "application/x-ndjson")
+
+
+@endpoint(routes, "GET", "/v1/audit/events/types", auth=AUDIT_READ,
+          replies=[Reply(200, "The actions, sorted.", EventTypes)])
+async def get_audit_event_types(call: Call, query: TypesQuery) -> web.Response:
+    """List the distinct actions of the project's events of the last 30 days."""
+    types = await service.event_types(call.pool, call.project_id,
+                                      now=datetime.now(UTC))
+    return call.reply(EventTypes(types))
+
+
+@endpoint(routes, "GET", "/v1/audit-events", auth=AUDIT_READ,
+          replies=[Reply(200, "A page of events, newest first.", LegacyPage)])
+async def get_legacy_audit_events(call: Call, query: LegacyQuery) -> web.Response:
+    """List audit events the legacy way (SPEC.md 9.2).
+
+    ``before`` (only events strictly older), ``action_prefix`` (a literal prefix of the action)
+    and ``limit``; pass ``next_before`` back as ``before``. Events sharing a timestamp are never
+    split across pages."""
+    page = await service.legacy_events(call.pool, call.project_id, query)
+    return call.reply(page)

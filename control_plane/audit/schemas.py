@@ -1,0 +1,178 @@
+"""Audit-log bodies: the event as the API shows it, and the query strings of the read routes.
+
+Every read route takes a fixed set of query parameters: an unknown or repeated one is
+``invalid_request`` (``strict_names``), as is an empty value, one longer than 256 characters
+(``q``: 200) or one holding a control character.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Final
+
+from pydantic import BeforeValidator, Field, ValidationInfo, WithJsonSchema, field_validator
+
+from common.schemas import QueryModel
+from control_plane.web.pagination import Cursor, Limit, limit_type
+
+EXPORT_CAP: Final = 100_000  # SPEC.md 8
+MAX_TYPES: Final = 50
+MAX_VALUE: Final = 256
+MAX_Q: Final = 200
+_CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f]")
+# "2026-01-31T12:00:00 01:00": a '+' sent unencoded in a query string arrives as a space.
+_SPACE_OFFSET_RE: Final = re.compile(r"(T[0-9:.,]+) ([0-9]{2}(?::?[0-9]{2})?)$")
+
+Timestamp = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+"""RFC 3339 UTC with microseconds and ``Z``, as the database renders it."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One audit event (SPEC.md 2). ``description`` is the column, else
+    ``metadata.description``; ``metadata`` is the event's free-form JSON object."""
+
+    id: str
+    created_at: Timestamp
+    action: str
+    actor_type: str
+    actor_id: str | None
+    user_id: str | None
+    project_id: str | None
+    target_type: str | None
+    target_id: str | None
+    ip: str | None
+    user_agent: str | None
+    description: str | None
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EventTypes:
+    """The distinct actions of the project's events of the last 30 days, sorted."""
+
+    data: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class LegacyPage:
+    """A page of the legacy listing: pass ``next_before`` back as ``before``."""
+
+    data: list[AuditEvent]
+    next_before: Timestamp | None
+    has_more: bool
+
+
+def parse_time(raw: str) -> datetime:
+    """An ISO 8601 timestamp (no offset: UTC) as an aware UTC datetime. Raises ValueError."""
+    text = _SPACE_OFFSET_RE.sub(r"\1+\2", raw) if len(raw) <= 64 else ""
+    try:
+        value = datetime.fromisoformat(text)
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise ValueError("must be an ISO 8601 timestamp such as 2026-01-31T12:00:00Z") from None
+
+
+def _text(max_len: int) -> Any:
+    def check(value: object) -> object:
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("must not be empty")
+            if len(value) > max_len:
+                raise ValueError(f"must be at most {max_len} characters")
+            if _CONTROL_RE.search(value):
+                raise ValueError("must not contain control characters")
+        return value
+
+    return BeforeValidator(check)
+
+
+def _types(value: object) -> object:
+    if not isinstance(value, str):
+        return value
+    names = list(dict.fromkeys(t.strip() for t in value.split(",") if t.strip()))
+    if not names:
+        raise ValueError("must name at least one action")
+    if len(names) > MAX_TYPES or any(len(t) > MAX_VALUE for t in names):
+        raise ValueError(f"at most {MAX_TYPES} actions of at most {MAX_VALUE} characters each")
+    return tuple(names)
+
+
+def _time(value: object) -> object:
+    return parse_time(value) if isinstance(value, str) else value
+
+
+Text = Annotated[str, _text(MAX_VALUE)]
+Time = Annotated[datetime, BeforeValidator(_time), _text(MAX_VALUE)]
+
+
+class EventFilters(QueryModel):
+    """The combinable filters of SPEC.md 4."""
+
+    strict_names = True
+    single_values = True
+
+    type: Annotated[tuple[str, ...] | None, BeforeValidator(_types),
+                    _text(MAX_TYPES * (MAX_VALUE + 1)), WithJsonSchema({
+        "type": "string", "description": "Comma-separated action names, matched exactly."})] = None
+    user: Annotated[Text | None, Field(description="Events about this user id.")] = None
+    actor: Annotated[Text | None, Field(description="Events by this actor id.")] = None
+    since: Annotated[Time | None, Field(alias="from", description=(
+        "Events at or after this ISO 8601 time (no offset: UTC)."))] = None
+    to: Annotated[Time | None, Field(description=(
+        "Events before this ISO 8601 time (no offset: UTC)."))] = None
+    q: Annotated[str | None, _text(MAX_Q), Field(description=(
+        "Case-insensitive substring of the action, actor id, target id or description."
+    ))] = None
+
+    @field_validator("to")
+    @classmethod
+    def _not_before_from(cls, v: datetime | None, info: ValidationInfo) -> datetime | None:
+        since = info.data.get("since")
+        if v is not None and since is not None and v < since:
+            raise ValueError("must not be earlier than from")
+        return v
+
+
+class EventsQuery(EventFilters):
+    """``GET /v1/audit/events``: the filters, ``limit`` and ``cursor``."""
+
+    cursor: Cursor = None
+    limit: Limit = 50
+
+
+class ExportQuery(EventFilters):
+    """The exports: the filters, ``cursor`` (a listing's ``next_cursor`` works) and ``limit``
+    (1 to 100,000, SPEC.md 8's cap)."""
+
+    cursor: Cursor = None
+    limit: limit_type(EXPORT_CAP) = EXPORT_CAP  # type: ignore[valid-type]
+
+
+class TypesQuery(QueryModel):
+    """``GET /v1/audit/events/types`` takes no parameters."""
+
+    strict_names = True
+    single_values = True
+
+
+def _empty_is_none(value: object) -> object:
+    return None if value == "" else value
+
+
+class LegacyQuery(QueryModel):
+    """``GET /v1/audit-events`` (SPEC.md 9.2): empty ``before`` or ``action_prefix`` are ignored,
+    for old clients."""
+
+    strict_names = True
+    single_values = True
+
+    before: Annotated[datetime | None, BeforeValidator(_time), BeforeValidator(_empty_is_none),
+                      Field(description="Only events strictly older (ISO 8601).")] = None
+    action_prefix: Annotated[str | None, _text(MAX_VALUE), BeforeValidator(_empty_is_none), Field(
+        description="A literal prefix of the action (% and _ are not wildcards).")] = None
+    limit: Limit = 50

@@ -1,0 +1,297 @@
+"""The audit log's rules: recording events inside the caller's transaction, and reading them.
+
+Writing (SPEC.md 2 "Audit event", DESIGN.md "audit writes"): :func:`record` inserts one event in
+the caller's transaction, so an action that rolls back leaves no event and one that commits
+always has one; a hot path can instead let its own statement write the event
+(``repository.insert_from`` with :func:`event_params`).
+
+Reading (SPEC.md 4 "Audit query filters", 8, 9.2-9.3), always of one project:
+
+* :func:`list_events`: the filters, newest first, keyset-paginated on ``(created_at, id)``. Each
+  page continues strictly below the last key returned, so an event that existed when the first
+  page was read is listed exactly once, however many are written meanwhile. A ``q`` without
+  three letters or digits in a row gives the trigram index nothing to use and is matched newest
+  first until the page is full.
+* :func:`open_export`: CSV (RFC 4180, the columns of ``repository.CSV_COLUMNS`` under a header
+  row, a cell starting with ``=`` ``+`` ``-`` ``@`` TAB or CR prefixed with ``'``: the OWASP
+  CSV-injection rule) or JSONL (one full event per line), streamed from a server-side cursor in
+  chunks of about 256 KiB, so memory stays flat whatever the size. At most the query's ``limit``
+  rows (100,000 by default, SPEC.md 8's cap): the continuation is decided before the first byte
+  (inside one REPEATABLE READ snapshot a probe finds the key of the last row allowed and whether
+  one more exists), so the caller can send it as headers; the stream is then bounded to keys at
+  or above that row and, with the same snapshot, holds exactly ``limit`` rows.
+* :func:`event_types`: the distinct actions of the last 30 days.
+* :func:`legacy_events`: ``GET /v1/audit-events`` (SPEC.md 9.2): ``before`` and a literal
+  ``action_prefix``; events sharing a timestamp are never split across pages (``before`` could
+  not tell them apart): the page stops before such a group, or, when the group fills the whole
+  page, holds all of it even past ``limit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import io
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+
+import asyncpg
+import orjson
+
+from common.errors import InvalidRequest
+from common.ids import new_id
+from control_plane.audit import repository
+from control_plane.audit.repository import Filters, Key, format_time
+from control_plane.audit.schemas import (
+    AuditEvent,
+    EventFilters,
+    EventsQuery,
+    ExportQuery,
+    LegacyPage,
+    LegacyQuery,
+)
+from control_plane.web.actor import Actor
+from control_plane.web.pagination import Listing, Page, Position, page_of
+
+LISTING: Final = "audit_events"  # the cursor's listing: JSON, CSV and JSONL share it
+TYPES_WINDOW: Final = timedelta(days=30)
+_FETCH_ROWS: Final = 2000
+_CHUNK_BYTES: Final = 256 * 1024
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def event_values(
+    actor: Actor, *, action: str, project_id: str | None = None, target_type: str | None = None,
+    target_id: str | None = None, user_id: str | None = None, description: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, object]:
+    """One event's values by column (a new ``evt_`` id; ``project_id`` defaults to the actor's;
+    ``description`` is stored in its column and in ``metadata.description``, SPEC.md 2)."""
+    meta = dict(metadata or {})
+    if description is not None:
+        meta.setdefault("description", description)
+    return {"id": new_id("evt"), "action": action, "actor_type": actor.type,
+            "actor_id": actor.id, "user_id": user_id,
+            "project_id": project_id if project_id is not None else actor.project_id,
+            "target_type": target_type, "target_id": target_id, "ip": actor.ip,
+            "user_agent": actor.user_agent, "description": description,
+            "api_key_id": actor.api_key_id, "metadata": meta}
+
+
+def event_params(actor: Actor, *, name: str = "event", **event: Any) -> dict[str, object]:
+    """``event_values`` as the named parameters ``repository.insert_from(..., name=name)``
+    places in a statement."""
+    return {f"{name}_{column}": value
+            for column, value in event_values(actor, **event).items()}
+
+
+insert_from = repository.insert_from
+"""SQL inserting the event of a statement of another domain, from its ``event_params``: the
+event commits with the statement's change (``repository.insert_from``)."""
+
+
+async def record(
+    conn: asyncpg.Connection, actor: Actor, *, action: str, project_id: str | None = None,
+    target_type: str | None = None, target_id: str | None = None, user_id: str | None = None,
+    description: str | None = None, metadata: dict[str, Any] | None = None,
+) -> str:
+    """Insert one event in ``conn``'s current transaction and return its ``evt_`` id."""
+    values = event_values(actor, action=action, project_id=project_id, target_type=target_type,
+                          target_id=target_id, user_id=user_id, description=description,
+                          metadata=metadata)
+    await repository.insert(conn, values)
+    return str(values["id"])
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def listing(project_id: str, secret: bytes) -> Listing:
+    """The listing every read of ``project_id``'s events pages through (cursors are shared)."""
+    return Listing(LISTING, project_id, secret)
+
+
+def filters(query: EventFilters) -> Filters:
+    """The query's filters as the repository takes them."""
+    return Filters(types=query.type or (), user=query.user, actor=query.actor,
+                   since=query.since, until=query.to, q=query.q)
+
+
+def cursor_key(cursor: str | None, events: Listing) -> Key | None:
+    """The position after which to continue, from a cursor ``events`` issued (None: from the
+    newest). Raises InvalidRequest naming ``cursor``."""
+    if not cursor:
+        return None
+    created, event_id = events.decode(cursor, key_len=2)
+    try:
+        return Key(datetime.fromisoformat(created), event_id)
+    except ValueError:
+        raise InvalidRequest.field("cursor", "is not a cursor this listing issued") from None
+
+
+async def list_events(pool: asyncpg.Pool, events: Listing,
+                      query: EventsQuery) -> Page[AuditEvent]:
+    """One page of the project's events that pass the query's filters.
+    Raises InvalidRequest (cursor)."""
+    after = cursor_key(query.cursor, events)
+    sql, args = repository.build_query(repository.JSON_COLUMNS, events.project_id,
+                                       filters(query), after=after, limit=query.limit + 1)
+    async with pool.acquire() as conn, conn.transaction(readonly=True):
+        await repository.custom_plans(conn)
+        rows = await conn.fetch(sql, *args)
+    return page_of([AuditEvent(**r) for r in rows], Position(query.limit, None), events,
+                   key=lambda e: [e.created_at, e.id])
+
+
+async def event_types(pool: asyncpg.Pool, project_id: str, *, now: datetime) -> list[str]:
+    """The distinct actions of the project's events since ``now`` minus 30 days, sorted."""
+    rows = await pool.fetch(repository.EVENT_TYPES, project_id, now - TYPES_WINDOW)
+    return sorted(r["action"] for r in rows)
+
+
+async def legacy_events(pool: asyncpg.Pool, project_id: str,
+                        query: LegacyQuery) -> LegacyPage:
+    """A page of the legacy listing (see the module docstring for the rule on ties)."""
+    q = repository.legacy_query(project_id, before=query.before,
+                                action_prefix=query.action_prefix)
+    limit = query.limit
+    select = f"SELECT {repository.JSON_COLUMNS} FROM audit_events e WHERE {q.where}"
+    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        await repository.custom_plans(conn)
+        rows = await conn.fetch(f"{select} {q.order} LIMIT {q.at}", *q.args, limit + 1)
+        has_more = len(rows) > limit
+        page = [AuditEvent(**r) for r in rows[:limit]]
+        if has_more and rows[limit]["created_at"] == page[-1].created_at:
+            tie = page[-1].created_at
+            kept = [e for e in page if e.created_at != tie]
+            if kept:
+                page = kept
+            else:  # one timestamp fills the page: return its whole group
+                tie_at = datetime.fromisoformat(tie)
+                group = await conn.fetch(f"{select} AND e.created_at = {q.at} {q.order}",
+                                         *q.args, tie_at)
+                page = [AuditEvent(**r) for r in group]
+                has_more = await conn.fetchval(
+                    f"SELECT EXISTS (SELECT 1 FROM audit_events e WHERE {q.where}"
+                    f" AND e.created_at < {q.at})", *q.args, tie_at)
+    return LegacyPage(page, page[-1].created_at if has_more else None, has_more)
+
+
+# --- exports -----------------------------------------------------------------------------------
+
+ExportFormat = Literal["csv", "jsonl"]
+Formatter = Callable[[Sequence[asyncpg.Record]], bytes]
+
+
+def _csv_writer() -> tuple[Formatter, bytes]:
+    """A CSV formatter, and the header row. Every column arrives as text (or NULL).
+
+    A row none of whose fields holds a comma, quote, CR or LF (nearly all) is joined directly;
+    any other goes through the stdlib writer (such fields quoted, quotes doubled), whose output
+    the direct join equals on the rows it takes.
+    """
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\r\n")
+    commas = len(repository.CSV_COLUMNS) - 1
+
+    def quoted(row: asyncpg.Record) -> str:
+        buf.seek(0)
+        buf.truncate()
+        writer.writerow(row)
+        return buf.getvalue()
+
+    def rows_to_csv(rows: Sequence[asyncpg.Record]) -> bytes:
+        out = []
+        for row in rows:
+            line = ",".join([v or "" for v in row])
+            if (line.count(",") == commas and '"' not in line and "\n" not in line
+                    and "\r" not in line):
+                out.append(line + "\r\n")
+            else:
+                out.append(quoted(row))
+        return "".join(out).encode()
+
+    return rows_to_csv, (",".join(repository.CSV_COLUMNS) + "\r\n").encode()
+
+
+def _rows_to_jsonl(rows: Sequence[asyncpg.Record]) -> bytes:
+    out = []
+    dumps, fragment = orjson.dumps, orjson.Fragment
+    for r in rows:
+        event = dict(r)
+        event["metadata"] = fragment(event["metadata"])
+        out.append(dumps(event))
+    out.append(b"")
+    return b"\n".join(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """An export under way: ``next_cursor`` (None when the export is complete) and the body's
+    ``chunks``, valid inside ``open_export``'s block only."""
+
+    next_cursor: str | None
+    chunks: AsyncIterator[bytes]
+
+
+@contextlib.asynccontextmanager
+async def open_export(pool: asyncpg.Pool, events: Listing, query: ExportQuery,
+                      fmt: ExportFormat) -> AsyncIterator[Export]:
+    """Open an export of the project's events that pass the query's filters, in one snapshot.
+    Raises InvalidRequest (cursor) before anything is read."""
+    after = cursor_key(query.cursor, events)
+    f, cap = filters(query), query.limit
+    async with pool.acquire() as conn, \
+            conn.transaction(isolation="repeatable_read", readonly=True):
+        await repository.export_settings(conn)
+        sql, args = repository.build_query("e.created_at, e.id", events.project_id, f,
+                                           after=after, offset=cap - 1, limit=2)
+        edge = await conn.fetch(sql, *args)
+        bound = Key(edge[0]["created_at"], edge[0]["id"]) if len(edge) == 2 else None
+        next_cursor = (events.encode([format_time(bound.created_at), bound.id])
+                       if bound is not None else None)
+        columns = repository.CSV_SELECT if fmt == "csv" else repository.JSONL_COLUMNS
+        sql, args = repository.build_query(columns, events.project_id, f, after=after,
+                                           bound=bound, limit=cap)
+        cursor = await conn.cursor(sql, *args)
+        chunks = _chunks(cursor, fmt)
+        try:
+            yield Export(next_cursor, chunks)
+        finally:
+            await chunks.aclose()  # its FETCH in flight ends before the transaction does
+
+
+async def _chunks(cursor: asyncpg.cursor.Cursor[asyncpg.Record],
+                  fmt: ExportFormat) -> AsyncGenerator[bytes, None]:
+    """Fetch, format and yield batch after batch. The next FETCH is sent before the current
+    batch is formatted, so PostgreSQL produces rows while this process formats the last ones."""
+    if fmt == "csv":
+        to_bytes, header = _csv_writer()
+        pending = [header]
+    else:
+        to_bytes, pending = _rows_to_jsonl, []
+    size = sum(len(p) for p in pending)
+    fetch = asyncio.ensure_future(cursor.fetch(_FETCH_ROWS))
+    try:
+        while rows := await fetch:
+            fetch = asyncio.ensure_future(cursor.fetch(_FETCH_ROWS))
+            await asyncio.sleep(0)  # the next FETCH goes out
+            chunk = to_bytes(rows)
+            pending.append(chunk)
+            size += len(chunk)
+            if size >= _CHUNK_BYTES:
+                yield b"".join(pending)
+                pending, size = [], 0
+        if pending:
+            yield b"".join(pending)
+    finally:
+        if not fetch.done():
+            # One operation at a time on a connection: the FETCH in flight finishes before the
+            # transaction ends (a client that left mid-export brings us here).
+            with contextlib.suppress(Exception):
+                await fetch

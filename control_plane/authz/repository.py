@@ -1,0 +1,127 @@
+"""Stores and tuples SQL: ``stores`` (the revision), ``tuples``, and the ``tuple_changes`` log
+the engine follows, announced with ``pg_notify`` (``common.changes``) in the writing
+transaction."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import asyncpg
+
+from common import changes
+from common.db import Params
+from common.ids import new_id
+from common.tuples import TupleKey
+from control_plane.authz.schemas import Store, StoredTuple
+
+STORE_COLUMNS: Final = "id, name, revision, created_at, updated_at"
+
+
+def store(row: asyncpg.Record) -> Store:
+    return Store(**row)
+
+
+async def notify(conn: asyncpg.Connection, store_id: str, revision: int) -> None:
+    """Tell engines the store reached ``revision`` (delivered when the transaction commits)."""
+    await conn.execute("SELECT pg_notify($1, $2)", changes.CHANNEL,
+                       changes.payload(store_id, revision))
+
+
+async def insert_store(conn: asyncpg.Connection, project_id: str, name: str) -> Store:
+    row = await conn.fetchrow(
+        f"INSERT INTO stores (id, project_id, name) VALUES ($1, $2, $3) RETURNING {STORE_COLUMNS}",
+        new_id("store"), project_id, name,
+    )
+    assert row is not None
+    return store(row)
+
+
+async def find_store(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                     store_id: str) -> Store | None:
+    row = await conn.fetchrow(
+        f"SELECT {STORE_COLUMNS} FROM stores WHERE id = $1 AND project_id = $2",
+        store_id, project_id,
+    )
+    return store(row) if row is not None else None
+
+
+async def lock_revision(conn: asyncpg.Connection, project_id: str, store_id: str) -> int | None:
+    """The store's revision, its row locked: revisions then commit in order with no gaps."""
+    revision: int | None = await conn.fetchval(
+        "SELECT revision FROM stores WHERE id = $1 AND project_id = $2 FOR UPDATE",
+        store_id, project_id,
+    )
+    return revision
+
+
+def _columns(items: list[TupleKey]) -> tuple[list[str], list[str], list[str]]:
+    return ([t.object for t in items], [t.relation for t in items], [t.user for t in items])
+
+
+async def delete_tuples(conn: asyncpg.Connection, store_id: str,
+                        items: list[TupleKey]) -> list[asyncpg.Record]:
+    """Delete those of ``items`` that exist; the deleted ones (``object, relation, subject``)."""
+    if not items:
+        return []
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """DELETE FROM tuples t
+           USING unnest($2::text[], $3::text[], $4::text[]) AS d(object, relation, subject)
+           WHERE t.store_id = $1 AND t.object = d.object AND t.relation = d.relation
+             AND t.subject = d.subject
+           RETURNING t.object, t.relation, t.subject""",
+        store_id, *_columns(items),
+    )
+    return rows
+
+
+async def insert_tuples(conn: asyncpg.Connection, store_id: str, items: list[TupleKey],
+                        revision: int) -> list[asyncpg.Record]:
+    """Insert those of ``items`` that do not exist yet; the inserted ones."""
+    if not items:
+        return []
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """INSERT INTO tuples (store_id, object, relation, subject, revision)
+           SELECT $1, w.object, w.relation, w.subject, $5
+           FROM unnest($2::text[], $3::text[], $4::text[]) AS w(object, relation, subject)
+           ON CONFLICT DO NOTHING
+           RETURNING object, relation, subject""",
+        store_id, *_columns(items), revision,
+    )
+    return rows
+
+
+async def record_changes(conn: asyncpg.Connection, store_id: str, revision: int,
+                         applied: list[tuple[str, asyncpg.Record]]) -> None:
+    """Log the ``applied`` (operation, tuple) changes at ``revision``, in order, move the store
+    to ``revision`` and announce it."""
+    await conn.execute(
+        """INSERT INTO tuple_changes (store_id, revision, seq, operation, object, relation,
+                                      subject)
+           SELECT $1, $2, c.seq, c.operation, c.object, c.relation, c.subject
+           FROM unnest($3::text[], $4::text[], $5::text[], $6::text[])
+                WITH ORDINALITY AS c(operation, object, relation, subject, seq)""",
+        store_id, revision, [op for op, _ in applied], [r["object"] for _, r in applied],
+        [r["relation"] for _, r in applied], [r["subject"] for _, r in applied],
+    )
+    await conn.execute("UPDATE stores SET revision = $2, updated_at = now() WHERE id = $1",
+                       store_id, revision)
+    await notify(conn, store_id, revision)
+
+
+async def list_tuples(conn: asyncpg.Connection | asyncpg.Pool, store_id: str, *,
+                      filters: dict[str, str], after: tuple[str, ...] | None,
+                      limit: int) -> list[StoredTuple]:
+    """Up to ``limit`` tuples of the store after the key ``after``, in (object, relation,
+    subject) order; ``filters`` maps ``object``, ``relation``, ``subject`` to exact values."""
+    p = Params()
+    where = [f"store_id = {p(store_id)}"]
+    where += [f"{column} = {p(value)}" for column, value in filters.items()]
+    if after is not None:
+        where.append(f"(object, relation, subject) > ({p(after[0])}, {p(after[1])}, {p(after[2])})")
+    rows = await conn.fetch(
+        f"""SELECT object, relation, subject AS "user", revision, created_at FROM tuples
+            WHERE {' AND '.join(where)} ORDER BY object, relation, subject
+            LIMIT {p(limit)}::int""",
+        *p.values,
+    )
+    return [StoredTuple(**r) for r in rows]

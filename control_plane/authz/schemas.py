@@ -1,0 +1,101 @@
+"""Store and tuple bodies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any, Final
+
+from pydantic import AfterValidator, Field, model_validator
+
+from common.errors import InvalidRequest
+from common.schemas import DisplayName, RequestModel
+from common.tuples import TupleFormatError, TupleKey, validate_object, validate_relation, validate_user
+from control_plane.web.pagination import PageQuery
+
+MAX_TUPLES_PER_WRITE: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """A store: one project's tuples, at a revision that grows by one per effective write."""
+
+    id: str
+    name: str
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class CreateStore(RequestModel):
+    name: DisplayName
+
+
+class WriteBody(RequestModel):
+    """Tuples to write and to delete, 1 to 1,000 in all, applied atomically."""
+
+    writes: list[TupleKey] = Field(default_factory=list)
+    deletes: list[TupleKey] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> WriteBody:
+        total = len(self.writes) + len(self.deletes)
+        if not 1 <= total <= MAX_TUPLES_PER_WRITE:
+            raise ValueError(
+                f"writes and deletes must hold 1 to {MAX_TUPLES_PER_WRITE} tuples in all, got {total}"
+            )
+        return self
+
+    def check_unique(self) -> None:
+        """Raises InvalidRequest naming the first tuple that repeats an earlier one (in
+        ``writes`` or ``deletes``, or across them: a call may not both write and delete a
+        tuple)."""
+        seen: dict[tuple[str, str, str], str] = {}
+        for name, items in (("writes", self.writes), ("deletes", self.deletes)):
+            for i, t in enumerate(items):
+                where = f"{name}.{i}"
+                if t.key() in seen:
+                    raise InvalidRequest.field(where, f"repeats {seen[t.key()]}")
+                seen[t.key()] = where
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What a write did: tuples written and deleted (those already so are no-ops), and the
+    store's revision after it (unchanged when nothing changed)."""
+
+    written: int
+    deleted: int
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTuple:
+    """A tuple of the store, with the revision that wrote it."""
+
+    object: str
+    relation: str
+    user: str
+    revision: int
+    created_at: datetime
+
+
+def _filter(validate: Any) -> Any:
+    def check(value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return str(validate(value))
+        except TupleFormatError as exc:
+            raise ValueError(str(exc)) from None
+
+    return AfterValidator(check)
+
+
+class TuplesQuery(PageQuery):
+    """A page of the store's tuples ordered by (object, relation, user), filtered by exact
+    ``object``, ``relation`` and ``user`` when given."""
+
+    object: Annotated[str | None, _filter(validate_object)] = None
+    relation: Annotated[str | None, _filter(validate_relation)] = None
+    user: Annotated[str | None, _filter(validate_user)] = None

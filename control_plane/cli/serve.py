@@ -1,0 +1,51 @@
+"""``authio serve``: run the engine, the control plane, or both in one process."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+
+from common.runtime import base_app
+from common.settings import Settings
+from control_plane.app import create_control_plane_app, setup_control_plane
+from engine.app import create_engine_app, setup_engine
+
+# OTEL_SERVICE_NAME overrides these; `authio serve` hosts both apps in one process: "authio".
+SERVICE_NAMES: Final = {"all": "authio", "engine": "authio-engine",
+                        "control-plane": "authio-control-plane"}
+
+
+def build_app(settings: Settings, target: str) -> tuple[web.Application, int]:
+    """The app ``target`` names (``all``, ``engine``, ``control-plane``) and its port."""
+    if target == "engine":
+        return create_engine_app(settings), settings.engine_port
+    if target == "control-plane":
+        return create_control_plane_app(settings), settings.port
+    app = base_app(settings)
+    setup_engine(app)
+    setup_control_plane(app)
+    return app, settings.port
+
+
+def serve(settings: Settings, target: str) -> None:
+    """Serve ``target`` on uvloop until SIGTERM or SIGINT, which stop it gracefully: stop
+    accepting, finish in-flight requests (up to 15 s), then run every cleanup context."""
+    import uvloop
+
+    from common.telemetry import setup_tracing, shutdown_tracing
+
+    # Before any app, pool or client session exists: instrumentation patches their classes and
+    # base_app puts the server-span middleware first.
+    provider = setup_tracing(settings, service_name_default=SERVICE_NAMES[target])
+    try:
+        app, port = build_app(settings, target)
+        web.run_app(
+            app, host=settings.host, port=port, loop=uvloop.new_event_loop(), access_log=None,
+            shutdown_timeout=15.0,
+            print=lambda _: print(f"authio {target} listening on http://{settings.host}:{port}",
+                                  flush=True),
+        )
+    finally:
+        if provider is not None:
+            shutdown_tracing(provider)  # flush the last spans, bounded

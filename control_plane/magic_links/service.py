@@ -1,0 +1,129 @@
+"""Magic-link rules: issuing a link (``issue_link``, which users and invitations call too) and
+sending a sign-in link (``send_link``). Redeeming one is ``signin``.
+
+A token is 32 random bytes (base64url), stored as its SHA-256 digest only, valid once and for a
+limited time (15 minutes for sign-in links; invitations and enrollments last
+``SERVICE_INVITATION_TTL_SECONDS``). The token rides in the link's fragment (``#token=``), which
+browsers never send: no access log, proxy, trace span or ``Referer`` ever holds it; the landing
+page's script reads it and posts it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import secrets
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Final, Literal
+from urllib.parse import urlencode
+
+import asyncpg
+
+from common.auth import token_digest
+from common.settings import Settings
+from control_plane.kms import LocalKms
+from control_plane.magic_links import repository
+from control_plane.magic_links.schemas import Sent
+from control_plane.messages import service as messages
+from control_plane.web.ratelimit import RateLimit
+from control_plane.web.schemas import Channel
+
+Purpose = Literal["signin", "enrollment", "invitation"]
+VERIFY_PATH: Final = "/v1/auth/magic-link/verify"
+
+_TEXTS: Final = {
+    "signin": ("Your sign-in link for {project}",
+               "Use this link to sign in to {project}. It works once and expires in {lifetime}."
+               "\n\n{url}\n\nIf you did not ask for it, ignore this message."),
+    "enrollment": ("Welcome to {project}",
+                   "An account was created for you at {project}. Use this link to sign in; it "
+                   "works once and expires in {lifetime}.\n\n{url}\n"),
+    "invitation": ("You are invited to join {organization} on {project}",
+                   "You have been invited to join {organization} on {project}. Use this link to "
+                   "accept; it works once and expires in {lifetime}.\n\n{url}\n"),
+}
+
+
+def link_url(settings: Settings, project_id: str, token: str) -> str:
+    """The landing-page address a message carries, the token in its fragment."""
+    return (f"{settings.public_base_url}{VERIFY_PATH}?{urlencode({'project_id': project_id})}"
+            f"#{urlencode({'token': token})}")
+
+
+def _lifetime(seconds: int) -> str:
+    if seconds >= 2 * 86_400:
+        return f"{seconds // 86_400} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds // 3600} hours"
+    return f"{max(1, seconds // 60)} minutes"
+
+
+async def issue_link(
+    conn: asyncpg.Connection, kms: LocalKms, settings: Settings, *, project_id: str,
+    purpose: Purpose, channel: Channel, destination: str, ttl_seconds: int,
+    user_id: str | None = None, invitation_id: str | None = None,
+    organization_name: str | None = None,
+) -> str:
+    """Create a token and queue the message carrying its link, in ``conn``'s transaction.
+
+    Returns the message id. The plaintext token exists only inside the sealed message body.
+    """
+    token = secrets.token_urlsafe(32)
+    project = await repository.insert_token(
+        conn, token_hash=token_digest(token), project_id=project_id, purpose=purpose,
+        channel=channel, destination=destination, user_id=user_id, invitation_id=invitation_id,
+        ttl=timedelta(seconds=ttl_seconds))
+    url = link_url(settings, project_id, token)
+    subject, text = _TEXTS[purpose]
+    fields = {"project": project, "organization": organization_name or "an organization",
+              "lifetime": _lifetime(ttl_seconds), "url": url}
+    body = text.format(**fields)
+    if channel == "sms":  # one short segment-friendly line
+        body = f"{subject.format(**fields)}: {url}"
+    return await messages.enqueue(
+        conn, kms, project_id=project_id, channel=channel, destination=destination, kind=purpose,
+        subject=subject.format(**fields), text=body,
+        expires_at=timedelta(seconds=ttl_seconds),  # now() + ttl: the token's own expires_at
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SendLimits:
+    """The rate limits of ``send_link``: per destination (per project) and per client."""
+
+    per_destination: RateLimit
+    per_ip: RateLimit
+
+
+def client_bucket(ip: str) -> str:
+    """What a per-IP limit counts: the address, or for IPv6 its /64, which one subscriber
+    usually holds whole (RFC 6177) and could otherwise rotate through."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+async def send_link(pool: asyncpg.Pool, *, project_id: str, destination: tuple[Channel, str],
+                    ip: str | None, limits: SendLimits, kms: LocalKms, settings: Settings) -> Sent:
+    """Queue a sign-in link to ``destination`` (channel, normalized address).
+
+    The answer is the same whether or not a user has that destination (no enumeration); a user
+    who does not exist yet is created when the link is redeemed. Limited per destination (per
+    project) and per client IP. Raises RateLimited.
+    """
+    channel, address = destination
+    if ip:
+        await limits.per_ip.hit(client_bucket(ip))
+    await limits.per_destination.hit(f"{project_id}:{address.lower()}")
+    async with pool.acquire() as conn, conn.transaction():
+        user_id = await repository.user_id_by_destination(conn, project_id, channel, address)
+        await issue_link(conn, kms, settings, project_id=project_id, purpose="signin",
+                         channel=channel, destination=address,
+                         ttl_seconds=settings.magic_link_ttl_seconds, user_id=user_id)
+    return Sent(True, channel, settings.magic_link_ttl_seconds)

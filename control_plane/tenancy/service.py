@@ -1,0 +1,187 @@
+"""Tenancy rules: bootstrap, API keys (create, revoke, no escalation), project settings.
+
+API keys (SPEC.md 2 and 5, DESIGN.md "API keys"): a key holds a prefix, a name and scopes; an
+empty scope list means full access. No escalation: a key may only create or revoke keys whose
+access is within its own, and a ``sk_test_`` key acts on ``sk_test_`` keys only. Secrets are
+shown once and stored as SHA-256. A revocation is published on Redis so every process drops the
+key at once (and each cache expires it within ``SERVICE_API_KEY_CACHE_SECONDS`` regardless).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+
+from common.auth import ApiKeyAuthenticator, Principal, generate_secret, hash_secret, publish_revocation
+from common.errors import DomainInUse, InsufficientScope, NotFound
+from common.ids import new_id
+from common.settings import Settings
+from control_plane.audit import service as audit
+from control_plane.kms import LocalKms
+from control_plane.signing_keys import service as signing_keys
+from control_plane.tenancy import repository
+from control_plane.tenancy.schemas import (
+    ApiKey,
+    BootstrapBody,
+    Bootstrapped,
+    CreateApiKey,
+    NewApiKey,
+    PatchProject,
+    ProjectRef,
+    TenantRef,
+)
+from control_plane.web.actor import Actor
+
+
+def check_no_escalation(actor: Principal, scopes: list[str], prefix: str, *, verb: str) -> None:
+    """Raises InsufficientScope when a key with ``scopes`` and ``prefix`` holds more access than
+    ``actor``: DESIGN.md's rule that a key can never create a key with more access than itself,
+    applied to revocation too (a narrow key must not lock out a broader one)."""
+    if actor.prefix == "sk_test_" and prefix != "sk_test_":
+        raise InsufficientScope(
+            f"A sk_test_ key cannot {verb} a {prefix} key.", details={"prefix": prefix}
+        )
+    if not actor.scopes:
+        return
+    excess = sorted(set(scopes) - actor.scopes) if scopes else ["(full access)"]
+    if excess:
+        raise InsufficientScope(
+            f"A key cannot {verb} a key with more access than itself.",
+            details={"exceeding_scopes": excess},
+        )
+
+
+async def _new_key(conn: asyncpg.Connection, *, project_id: str, prefix: str, name: str,
+                   scopes: list[str], created_by_key_id: str | None) -> NewApiKey:
+    secret = generate_secret(prefix)
+    key = await repository.insert_key(
+        conn, project_id=project_id, name=name, prefix=prefix, secret_hash=hash_secret(secret),
+        last_four=secret[-4:], scopes=scopes, created_by_key_id=created_by_key_id,
+    )
+    return NewApiKey(**{f: getattr(key, f) for f in ApiKey.__dataclass_fields__}, secret=secret)
+
+
+async def bootstrap(conn: asyncpg.Connection, actor: Actor, *, body: BootstrapBody) -> Bootstrapped:
+    """Create the tenant, the project and a full-access ``sk_live_`` key with their audit
+    events, in one transaction."""
+    tenant_id, project_id = new_id("ten"), new_id("proj")
+    async with conn.transaction():
+        await repository.insert_tenant_and_project(
+            conn, tenant_id=tenant_id, tenant_name=body.tenant_name, project_id=project_id,
+            project_name=body.project_name, environment=body.environment)
+        key = await _new_key(conn, project_id=project_id, prefix="sk_live_", name="bootstrap",
+                             scopes=[], created_by_key_id=None)
+        await audit.record(
+            conn, actor, action="dashboard_operator.bootstrapped", project_id=project_id,
+            target_type="project", target_id=project_id,
+            description=f"Bootstrapped tenant {body.tenant_name!r}, project {body.project_name!r}",
+            metadata={"tenant_id": tenant_id, "environment": body.environment},
+        )
+        await audit.record(
+            conn, actor, action="api_key.created", project_id=project_id,
+            target_type="api_key", target_id=key.id, description="Created the bootstrap API key",
+            metadata={"prefix": "sk_live_", "scopes": [], "name": "bootstrap"},
+        )
+    return Bootstrapped(TenantRef(tenant_id, body.tenant_name),
+                        ProjectRef(project_id, body.project_name, body.environment), key)
+
+
+async def create_api_key(conn: asyncpg.Connection, actor: Actor, *,
+                         body: CreateApiKey) -> NewApiKey:
+    """Create a key in the actor's project, with its ``api_key.created`` event.
+    Raises InsufficientScope (escalation)."""
+    creator = actor.api_key
+    assert creator is not None
+    check_no_escalation(creator, body.scopes, body.prefix, verb="create")
+    async with conn.transaction():
+        key = await _new_key(conn, project_id=creator.project_id, prefix=body.prefix,
+                             name=body.name, scopes=body.scopes, created_by_key_id=creator.key_id)
+        await audit.record(
+            conn, actor, action="api_key.created", target_type="api_key", target_id=key.id,
+            description=f"Created API key {body.name!r}",
+            metadata={"prefix": body.prefix, "scopes": body.scopes, "name": body.name},
+        )
+    return key
+
+
+async def revoke_api_key(
+    conn: asyncpg.Connection, actor: Actor, *, key_id: str, authenticator: ApiKeyAuthenticator,
+    redis: Redis, redis_prefix: str,
+) -> ApiKey:
+    """Revoke ``key_id`` and, once committed, drop it from this process's cache and announce it
+    to every other (a failed announcement is logged; caches expire it within their TTL).
+
+    Idempotent: revoking a revoked key returns it unchanged with no new event. Raises NotFound
+    when the project has no such key, InsufficientScope when the key holds more access than the
+    actor's.
+    """
+    revoker = actor.api_key
+    assert revoker is not None
+    async with conn.transaction():
+        found = await repository.lock_key(conn, revoker.project_id, key_id)
+        if found is None:
+            raise NotFound("No API key with that id in this project.")
+        key, digest = found
+        check_no_escalation(revoker, key.scopes, key.prefix, verb="revoke")
+        if key.revoked_at is not None:
+            return key
+        key = await repository.mark_key_revoked(conn, key_id)
+        await audit.record(
+            conn, actor, action="api_key.revoked", target_type="api_key", target_id=key_id,
+            description=f"Revoked API key {key.name!r}",
+        )
+    authenticator.invalidate(digest)
+    await publish_revocation(redis, redis_prefix, digest)
+    return key
+
+
+async def update_project(
+    conn: asyncpg.Connection, actor: Actor, *, kms: LocalKms, settings: Settings,
+    body: PatchProject,
+) -> dict[str, Any]:
+    """Apply ``body`` to the actor's project in one transaction: replace its domain set, change
+    ``signing_alg`` (rotating to a key of the new algorithm, ``signing_key.rotated``), and record
+    ``project.updated`` with what changed (nothing changed: no event). Returns the changes
+    (``domains: {added, removed}``, ``signing_alg: {from, to, kid}``).
+
+    Raises DomainInUse (409) when another project has one of the domains.
+    """
+    project_id = actor.project_id
+    assert project_id is not None
+    changes: dict[str, Any] = {}
+    async with conn.transaction():
+        current = await repository.lock_project_alg(conn, project_id)
+        if body.domains is not None:
+            taken = await repository.domains_of_others(conn, project_id, body.domains)
+            if taken:
+                raise _in_use(taken)
+            existing = await repository.domains_of(conn, project_id)
+            added = sorted(set(body.domains) - existing)
+            removed = sorted(existing - set(body.domains))
+            try:
+                await repository.replace_domains(conn, project_id, added=added, removed=removed)
+            except asyncpg.UniqueViolationError:  # claimed by another project meanwhile
+                raise _in_use(added) from None
+            if added or removed:
+                changes["domains"] = {"added": added, "removed": removed}
+        if body.signing_alg is not None and body.signing_alg != current:
+            key = await signing_keys.rotate_now(
+                conn, actor, kms=kms, settings=settings, project_id=project_id,
+                alg=body.signing_alg, reason="signing_alg_changed",
+            )
+            changes["signing_alg"] = {"from": current, "to": body.signing_alg, "kid": key.kid}
+        if changes:
+            await audit.record(
+                conn, actor, action="project.updated", target_type="project",
+                target_id=project_id,
+                description=f"Updated the project's {' and '.join(sorted(changes))}",
+                metadata={"changes": changes},
+            )
+    return changes
+
+
+def _in_use(domains: list[str]) -> DomainInUse:
+    return DomainInUse(f"Another project already uses {', '.join(domains)}.",
+                       details={"domains": domains})

@@ -1,0 +1,91 @@
+"""Users SQL (table ``users``; unique per project on ``lower(email)`` and on ``phone_number``)."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import asyncpg
+
+from common.db import Params
+from common.ids import new_id
+from control_plane.users.schemas import USER_FIELDS, User
+
+COLUMNS: Final = ", ".join(USER_FIELDS)
+EMAIL_CONSTRAINT: Final = "users_project_email"
+PHONE_CONSTRAINT: Final = "users_project_phone"
+
+
+def user(row: asyncpg.Record) -> User:
+    return User(**row)
+
+
+async def find_by_email(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                        email: str) -> User | None:
+    """The project's user with ``email`` compared case-insensitively."""
+    row = await conn.fetchrow(
+        f"SELECT {COLUMNS} FROM users WHERE project_id = $1 AND lower(email) = lower($2)",
+        project_id, email,
+    )
+    return user(row) if row is not None else None
+
+
+async def find_by_phone(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                        phone_number: str) -> User | None:
+    """The project's user with the E.164 ``phone_number`` (exact match)."""
+    row = await conn.fetchrow(
+        f"SELECT {COLUMNS} FROM users WHERE project_id = $1 AND phone_number = $2",
+        project_id, phone_number,
+    )
+    return user(row) if row is not None else None
+
+
+async def find(conn: asyncpg.Connection | asyncpg.Pool, user_id: str, *,
+               project_id: str | None = None, for_update: bool = False) -> User | None:
+    """The user ``user_id`` (of ``project_id`` when given); its row locked for the caller's
+    transaction with ``for_update``."""
+    row = await conn.fetchrow(
+        f"SELECT {COLUMNS} FROM users WHERE id = $1 AND ($2::text IS NULL OR project_id = $2)"
+        + (" FOR UPDATE" if for_update else ""),
+        user_id, project_id,
+    )
+    return user(row) if row is not None else None
+
+
+async def insert_unless_email_taken(conn: asyncpg.Connection, *, project_id: str, email: str,
+                                    email_verified: bool, phone_number: str | None, name: str,
+                                    metadata: dict[str, Any]) -> User | None:
+    """Insert a user, or nothing when the project has a user with that email (None). Raises
+    asyncpg.UniqueViolationError for a phone number in use."""
+    row = await conn.fetchrow(
+        f"""INSERT INTO users (id, project_id, email, email_verified, phone_number, name, metadata)
+            VALUES ($1, $2, $3, $4, $5, $6, $7)
+            ON CONFLICT (project_id, lower(email)) WHERE email IS NOT NULL DO NOTHING
+            RETURNING {COLUMNS}""",
+        new_id("user"), project_id, email, email_verified, phone_number, name, metadata,
+    )
+    return user(row) if row is not None else None
+
+
+async def update(conn: asyncpg.Connection, project_id: str, user_id: str,
+                 changes: dict[str, Any]) -> User:
+    """Set the ``changes`` (column names of ``USER_FIELDS``) and ``updated_at``. Raises
+    asyncpg.UniqueViolationError, asyncpg.CheckViolationError (no contact left)."""
+    p = Params()
+    assignments = ", ".join(f"{name} = {p(value)}" for name, value in changes.items())
+    row = await conn.fetchrow(
+        f"""UPDATE users SET {assignments}, updated_at = now()
+            WHERE id = {p(user_id)} AND project_id = {p(project_id)} RETURNING {COLUMNS}""",
+        *p.values,
+    )
+    assert row is not None
+    return user(row)
+
+
+async def delete(conn: asyncpg.Connection, user_id: str) -> None:
+    """Delete the user; memberships, sessions, refresh and magic-link tokens cascade."""
+    await conn.execute("DELETE FROM users WHERE id = $1", user_id)
+
+
+async def count(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> int:
+    total: int = await conn.fetchval("SELECT count(*) FROM users WHERE project_id = $1", project_id)
+    return total

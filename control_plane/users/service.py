@@ -1,0 +1,171 @@
+"""User rules (SPEC.md 2 "User", 4 rule 5).
+
+* :func:`create_user` is idempotent on (project, email compared case-insensitively): a new user
+  gets, in the same transaction, exactly one enrollment magic link queued and ``user.created``;
+  an existing user is returned and nothing else happens. Concurrent calls for one email create
+  one user (the unique index decides).
+* :func:`update_user` changes the fields present and records ``user.updated`` with the names of
+  the fields that changed (never their values); a changed email or phone number is unverified
+  unless ``email_verified`` comes with it.
+* :func:`remove_user` deletes the user (memberships, sessions and tokens cascade), revokes its
+  live sessions at the edge, and records ``user.deleted``.
+
+A user of another project, an unknown id and a malformed id are all ``user_not_found``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from redis.asyncio import Redis
+
+from common.errors import EmailInUse, InvalidRequest, PhoneInUse, UserNotFound
+from common.ids import is_id
+from common.settings import Settings
+from control_plane.audit import service as audit
+from control_plane.kms import LocalKms
+from control_plane.magic_links import service as magic_links
+from control_plane.sessions import service as sessions
+from control_plane.users import repository
+from control_plane.users.repository import EMAIL_CONSTRAINT, PHONE_CONSTRAINT
+from control_plane.users.schemas import CreatedUser, CreateUser, UpdateUser, User, UsersQuery
+from control_plane.web.actor import Actor
+from control_plane.web.pagination import Listing, Page, page_by_id
+
+find_by_email = repository.find_by_email
+find_by_phone = repository.find_by_phone
+
+
+def _unique_violation(exc: asyncpg.UniqueViolationError) -> Exception:
+    """EmailInUse or PhoneInUse for a violation of the users' unique indexes, else ``exc``."""
+    if exc.constraint_name == EMAIL_CONSTRAINT:
+        return EmailInUse()
+    if exc.constraint_name == PHONE_CONSTRAINT:
+        return PhoneInUse()
+    error: Exception = exc
+    return error
+
+
+async def find_user(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, user_id: str, *,
+                    for_update: bool = False) -> User:
+    """The project's user ``user_id``, its row locked for the caller's transaction with
+    ``for_update``. Raises UserNotFound when the id is malformed, unknown or another project's."""
+    user = await repository.find(conn, user_id, project_id=project_id,
+                                 for_update=for_update) if is_id(user_id, "user") else None
+    if user is None:
+        raise UserNotFound()
+    return user
+
+
+async def create_user(
+    conn: asyncpg.Connection, actor: Actor, *, body: CreateUser, kms: LocalKms, settings: Settings,
+) -> CreatedUser:
+    """Create the user unless one with that email exists in the actor's project; ``created``
+    says whether this call did. Raises PhoneInUse (409)."""
+    project_id = actor.project_id
+    assert project_id is not None
+    for _ in range(3):  # an existing row deleted between our insert and read: try again
+        async with conn.transaction():
+            try:
+                user = await repository.insert_unless_email_taken(
+                    conn, project_id=project_id, email=body.email,
+                    email_verified=body.email_verified, phone_number=body.phone_number,
+                    name=body.name, metadata=body.metadata or {})
+            except asyncpg.UniqueViolationError as exc:
+                raise _unique_violation(exc) from None
+            if user is None:
+                # Another transaction holds the email; ON CONFLICT waited for it to commit, and
+                # this new statement's snapshot sees its row.
+                existing = await repository.find_by_email(conn, project_id, body.email)
+                if existing is None:
+                    continue
+                return CreatedUser.of(existing, created=False)
+            await magic_links.issue_link(
+                conn, kms, settings, project_id=project_id, purpose="enrollment",
+                channel="email", destination=body.email,
+                ttl_seconds=settings.invitation_ttl_seconds, user_id=user.id,
+            )
+            await audit.record(
+                conn, actor, action="user.created", target_type="user", target_id=user.id,
+                user_id=user.id, description=f"Created user {body.email}",
+                metadata={"user_email": body.email, "email_verified": body.email_verified},
+            )
+            return CreatedUser.of(user, created=True)
+    raise InvalidRequest("The user was deleted while being created; retry the request.")
+
+
+async def update_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str,
+                      body: UpdateUser) -> User:
+    """Apply the fields present in ``body`` and return the user; a call that changes nothing
+    records nothing. Raises UserNotFound, EmailInUse, PhoneInUse, InvalidRequest (the last
+    contact cannot be removed)."""
+    project_id = actor.project_id
+    assert project_id is not None
+    fields = body.model_fields_set
+    async with conn.transaction():
+        user = await find_user(conn, project_id, user_id, for_update=True)
+        wanted: dict[str, Any] = {}
+        if "name" in fields:
+            wanted["name"] = body.name
+        if body.email is not None and body.email != user.email:
+            wanted["email"] = body.email
+            if (user.email or "").lower() != body.email.lower():
+                wanted["email_verified"] = False
+        if "email_verified" in fields:
+            wanted["email_verified"] = body.email_verified
+        if "phone_number" in fields and body.phone_number != user.phone_number:
+            wanted["phone_number"] = body.phone_number
+            wanted["phone_verified"] = False
+        if "metadata" in fields:
+            wanted["metadata"] = body.metadata
+        changes = {k: v for k, v in wanted.items() if getattr(user, k) != v}
+        if not changes:
+            return user
+        try:
+            updated = await repository.update(conn, project_id, user_id, changes)
+        except asyncpg.UniqueViolationError as exc:
+            raise _unique_violation(exc) from None
+        except asyncpg.CheckViolationError:
+            raise InvalidRequest.field(
+                "phone_number", "cannot be cleared: the user has no email address") from None
+        names = sorted(changes)
+        await audit.record(
+            conn, actor, action="user.updated", target_type="user", target_id=user_id,
+            user_id=user_id, description=f"Updated user {user_id} ({', '.join(names)})",
+            metadata={"changed": names},
+        )
+    return updated
+
+
+async def remove_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str, redis: Redis,
+                      redis_prefix: str) -> None:
+    """Hard-delete the user with ``user.deleted``; its live sessions are revoked in the same
+    transaction and announced to verifiers after commit. Raises UserNotFound."""
+    project_id = actor.project_id
+    assert project_id is not None
+    async with conn.transaction():
+        user = await find_user(conn, project_id, user_id, for_update=True)
+        revoked = await sessions.revoke_user_sessions(conn, user_id=user_id, reason="user_deleted")
+        await repository.delete(conn, user_id)
+        await audit.record(
+            conn, actor, action="user.deleted", target_type="user", target_id=user_id,
+            user_id=user_id, description=f"Deleted user {user_id}",
+            metadata={"user_email": user.email, "sessions_revoked": len(revoked)},
+        )
+    await sessions.publish_revocations(redis, redis_prefix, revoked)
+
+
+async def list_users(pool: asyncpg.Pool, users: Listing, query: UsersQuery) -> Page[User]:
+    """A page of the project's users in creation order, only the one with ``query.email`` when
+    given. Raises InvalidRequest (cursor)."""
+    email = query.email
+    return await page_by_id(
+        pool, users, query, table="users", columns=repository.COLUMNS, row=repository.user,
+        where=(lambda p: f"lower(email) = lower({p(email)})") if email is not None else None,
+    )
+
+
+async def count_users(pool: asyncpg.Pool, project_id: str) -> int:
+    """The project's number of users."""
+    return await repository.count(pool, project_id)

@@ -1,0 +1,25 @@
+"""The session cookie (SPEC.md 2): ``service_session``, whose value is the access JWT itself."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+
+from common.settings import Settings
+
+SESSION_COOKIE: Final = "service_session"
+
+
+def set_session_cookie(response: web.StreamResponse, token: str, *, max_age: int,
+                       settings: Settings) -> None:
+    """Set ``service_session`` to the access ``token``: HttpOnly, SameSite=Lax, Path=/, Secure
+    unless the service runs on plain-HTTP localhost."""
+    secure = not (settings.public_base_url.startswith("http://") and settings.base_url_is_local)
+    response.set_cookie(SESSION_COOKIE, token, max_age=max_age, path="/", httponly=True,
+                        samesite="Lax", secure=secure)
+
+
+def clear_session_cookie(response: web.StreamResponse) -> None:
+    """Tell the browser to drop ``service_session``."""
+    response.del_cookie(SESSION_COOKIE, path="/")

@@ -1,0 +1,100 @@
+"""The typed endpoint: a handler of about a dozen lines that receives its input already parsed.
+
+A domain's ``endpoints.py`` declares each route with :func:`endpoint`::
+
+    routes = RouteTable("users")
+
+    @endpoint(routes, "POST", "/v1/users", auth=ApiKey("users:write"),
+              replies=[Reply(201, "Created", User), Reply(200, "Already existed", User)])
+    async def post_users(call: Call, body: CreateUser) -> web.Response:
+        \"\"\"Create a user (idempotent on the email).\"\"\"
+        async with call.connection() as conn:
+            user, created = await service.create_user(conn, call.actor, body=body, ...)
+        return call.reply(user, status=201 if created else 200)
+
+The decorator reads the handler's annotations: a ``body`` parameter is the JSON body parsed into
+its model (``common.schemas.RequestModel``), a ``query`` parameter the query string parsed into
+its model (``common.schemas.QueryModel``). The aiohttp handler it registers runs, in order: the
+route's authentication (``control_plane.web.auth``: 401/403 before anything is read), the query,
+the content type when ``json_only``, then the body; so every refusal is the envelope's, and the
+same table gives the OpenAPI document (``common.routing``).
+
+Naming: handlers are named for their method and resource (``get_users``, ``post_users``,
+``delete_user``); rules in ``service.py`` never begin with an HTTP method's name.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Final
+
+from aiohttp import web
+
+from common.errors import InvalidRequest, ServiceError
+from common.routing import Operation, Reply, RouteTable, summary_of
+from common.schemas import parse_body, parse_query
+from control_plane.web.auth import Auth
+
+__all__ = ["TypedHandler", "endpoint", "require_json"]
+
+TypedHandler = Callable[..., Awaitable[web.StreamResponse]]
+_JSON: Final = "application/json"
+
+
+def require_json(request: web.Request) -> None:
+    """Refuse a body that is not ``application/json``. Endpoints that set the session cookie
+    take JSON only (login CSRF): a form on another site can post text/plain, urlencoded or
+    multipart bodies without a CORS preflight, and the SameSite=Lax cookie would then be set by a
+    top-level navigation; a JSON post from another origin needs a preflight, which is never
+    granted. Raises InvalidRequest naming ``Content-Type``."""
+    if request.content_type != _JSON:
+        raise InvalidRequest(
+            "Content-Type must be application/json.",
+            details={"fields": [{"field": "Content-Type", "message": "must be application/json"}]},
+        )
+
+
+def endpoint(
+    routes: RouteTable, method: str, path: str, *, auth: Auth, replies: Iterable[Reply],
+    errors: Iterable[type[ServiceError]] = (), json_only: bool = False,
+    headers: Mapping[str, str] | None = None, allow_head: bool = True,
+    body: type[Any] | None = None,
+) -> Callable[[TypedHandler], TypedHandler]:
+    """Register a typed handler ``(call, [query], [body])`` as ``method path`` in ``routes``.
+
+    ``body`` documents a JSON body the handler reads itself (when it must decide what to do
+    before parsing it); otherwise the handler's own ``body`` parameter both parses and documents
+    it. ``headers`` documents request headers the handler reads. Returns the handler unchanged.
+    """
+    replies = tuple(replies)
+
+    def register(handler: TypedHandler) -> TypedHandler:
+        hints = typing.get_type_hints(handler)
+        body_model = hints.get("body")
+        query_model = hints.get("query")
+
+        async def handle(request: web.Request) -> web.StreamResponse:
+            call = await auth(request)
+            kwargs: dict[str, Any] = {}
+            if query_model is not None:
+                kwargs["query"] = parse_query(request.query, query_model)
+            if json_only:
+                require_json(request)
+            if body_model is not None:
+                kwargs["body"] = await parse_body(request, body_model)
+            return await handler(call, **kwargs)
+
+        handle.__name__ = handle.__qualname__ = handler.__name__
+        handle.__doc__ = handler.__doc__
+        summary, description = summary_of(handler)
+        routes.add(Operation(
+            method=method, path=path, handler=handle, operation_id=handler.__name__,
+            tag=routes.tag, summary=summary, description=description, security=auth.security,
+            scopes=auth.scopes, project=auth.names_project, body=body_model or body,
+            query=query_model, headers=dict(headers or {}), replies=replies,
+            errors=tuple(errors), allow_head=allow_head,
+        ))
+        return handler
+
+    return register

@@ -1,0 +1,27 @@
+"""HTML pages the service serves itself (the magic-link landing page): no cache, no referrer,
+and a Content-Security-Policy that lets only the page's own inline script and style run."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+
+from aiohttp import web
+
+
+def page(render: Callable[[str], str]) -> web.Response:
+    """The response of the page ``render(nonce)`` returns, where ``nonce`` (fresh each time)
+    must be the ``nonce`` attribute of its ``<script>`` and ``<style>`` elements."""
+    nonce = secrets.token_urlsafe(16)
+    return web.Response(
+        text=render(nonce), content_type="text/html",
+        headers={
+            "Cache-Control": "no-store",
+            "Referrer-Policy": "no-referrer",  # the URL may hold a token
+            "Content-Security-Policy": (
+                f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'nonce-{nonce}'; "
+                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+            ),
+            "X-Content-Type-Options": "nosniff",
+        },
+    )

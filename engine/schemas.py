@@ -1,0 +1,70 @@
+"""The check bodies, as the OpenAPI document describes them.
+
+The hot path parses these bodies by hand (``engine.checks``: no pydantic per check, measured in
+bench/); these models are the same contract written for the document and for clients, and a
+test runs both over the same bodies (tests/engine/test_check_schemas.py) so they cannot drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from common.schemas import RequestModel
+from common.tuples import TupleKey
+
+MAX_BATCH = 1000
+"""Most items one batch-check may hold."""
+
+
+class Consistency(RequestModel):
+    """``at_least_revision``: answer at this store revision or a later one (a write's
+    ``revision``), waiting up to ``SERVICE_CONSISTENCY_TIMEOUT_MS``."""
+
+    at_least_revision: Annotated[int, Field(ge=0)] | None = None
+
+
+class CheckRequest(RequestModel):
+    """Does ``tuple_key.user`` have ``tuple_key.relation`` on ``tuple_key.object``?"""
+
+    tuple_key: TupleKey
+    consistency: Consistency | None = None
+
+
+class BatchCheckRequest(RequestModel):
+    """Up to 1,000 checks, answered in order at one revision."""
+
+    checks: Annotated[list[CheckRequest], Field(min_length=1, max_length=MAX_BATCH)]
+    consistency: Consistency | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """The answer and why: ``resolution`` ``direct`` (the tuple exists), ``userset`` (through
+    the tuples of ``resolution_path``, ``object#relation@user`` each) or ``none`` (denied);
+    ``dispatch_count`` the ``object#relation`` nodes visited, ``depth`` the nodes on the proof
+    (0 when denied); ``revision`` the store revision answered at."""
+
+    allowed: bool
+    resolution: Literal["direct", "userset", "none"]
+    resolution_path: list[str]
+    revision: int
+    dispatch_count: int
+    depth: int
+
+
+@dataclass(frozen=True, slots=True)
+class ItemError:
+    """A batch item refused alone: ``{"code", "message", "details"}`` as in the envelope."""
+
+    error: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCheckResult:
+    """One result per check, in order: an answer or that item's error."""
+
+    results: list[CheckResult | ItemError]
+    revision: int
