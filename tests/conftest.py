@@ -41,19 +41,6 @@ AUTHIO = str(Path(sys.executable).with_name("authio"))
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-def _shared_dir() -> Path:
-    """The project's ``shared/`` folder (the spec, the conformance cases, the import fixtures):
-    ``AUTHIO_SHARED_DIR`` if set, else ``shared/`` beside the checkout, else this workplace's
-    ``/work/shared`` (so that a clone anywhere on the machine, such as CI's, finds it)."""
-    for candidate in (os.environ.get("AUTHIO_SHARED_DIR"), ROOT.parent / "shared", "/work/shared"):
-        if candidate and Path(candidate, "conformance").is_dir():
-            return Path(candidate)
-    raise RuntimeError("shared/ not found: set AUTHIO_SHARED_DIR to the folder holding SPEC.md "
-                       "and conformance/")
-
-
-SHARED = _shared_dir()
-CONFORMANCE = SHARED / "conformance" / "openfga"
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 

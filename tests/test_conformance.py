@@ -1,9 +1,10 @@
-"""The shared OpenFGA-derived conformance suite, through the HTTP API (check and batch-check).
+"""The OpenFGA-derived conformance cases, through the HTTP API (check and batch-check).
 
-Every case of ``shared/conformance/openfga/cases.json`` and ``cases_extended.json`` runs in a store
-of its own: its tuples are written through ``POST /v1/stores/{id}/write`` (chunks of at most 1,000),
-then every assertion is checked with ``consistency.at_least_revision`` set to the revision of the
-last write, once per assertion through ``/check`` and once per case through ``/batch-check``.
+Every case of ``tests/data/conformance/openfga/cases.json`` and ``cases_extended.json`` runs in a
+store of its own: its tuples are written through ``POST /v1/stores/{id}/write`` (chunks of at most
+1,000), then every assertion is checked with ``consistency.at_least_revision`` set to the revision
+of the last write, once per assertion through ``/check`` and once per case through
+``/batch-check``.
 
 Besides ``allowed``, each answer must be internally consistent: ``resolution`` is ``"none"``
 exactly when denied, and an allowed answer's ``resolution_path`` is a real proof chain made of the
@@ -19,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CONFORMANCE, Api, Project
+from tests.conftest import Api, Project
+from tests.fixtures.data import CONFORMANCE
 
 CASE_FILES = ("cases.json", "cases_extended.json")
 WRITE_CHUNK = 1000

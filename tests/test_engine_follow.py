@@ -9,7 +9,6 @@ engine, so every answer proves the LISTEN / ``tuple_changes`` path, never an in-
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import random
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,22 +20,10 @@ import pytest_asyncio
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.conftest import CONFORMANCE, Api, Project, assert_error, bootstrap_project, serving
+from tests import reference
+from tests.conftest import Api, Project, assert_error, bootstrap_project, serving
 
 VISIBLE_WITHIN_S = 1.0
-
-
-def _load_reference() -> Any:
-    """``shared/conformance/openfga/reference.py``: the independent evaluator of the semantics."""
-    spec = importlib.util.spec_from_file_location(
-        "openfga_reference", CONFORMANCE / "reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _load_reference()
 
 
 # --- fixtures and helpers ---------------------------------------------------------------------
@@ -316,8 +303,8 @@ async def test_concurrent_writers_across_stores(engine: Api, proj: Project,
 
 async def _assert_matches_reference(api: Api, db: asyncpg.Pool, store: str, revision: int,
                                     specs: list[str]) -> None:
-    """At ``revision`` the engine answers every check in ``specs`` as ``reference.py`` does over
-    the tuples stored in PostgreSQL."""
+    """At ``revision`` the engine answers every check in ``specs`` as ``tests/reference.py`` does
+    over the tuples stored in PostgreSQL."""
     tuples = [tk(t) for t in await stored(db, store)]
     results = await batch(api, store, specs, revision)
     wrong = []
@@ -326,7 +313,7 @@ async def _assert_matches_reference(api: Api, db: asyncpg.Pool, store: str, revi
         want = reference.check(tuples, t["object"], t["relation"], t["user"])
         if r["allowed"] is not want:
             wrong.append((s, r["allowed"], want))
-    assert not wrong, f"engine disagrees with reference.py on {len(wrong)}: {wrong[:10]}"
+    assert not wrong, f"engine disagrees with the reference evaluator on {len(wrong)}: {wrong[:10]}"
 
 
 USERSET_UNIVERSE = (

@@ -1,14 +1,14 @@
 """Unit tests of the check algorithm (the engine/graph/ package) and tuple validation
 (common/tuples.py).
 
-Plain synchronous tests: no database, no fixtures from conftest. The shared conformance
-suite lives beside the repository (``../shared/conformance/openfga``).
+Plain synchronous tests: no database, no fixtures. The conformance cases are OpenFGA's, converted
+(``tests/data/conformance/openfga``); ``tests/reference.py`` is the naive evaluator the random
+graphs are checked against.
 """
 
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import random
 import subprocess
@@ -16,7 +16,6 @@ import sys
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -33,7 +32,8 @@ from common.tuples import (
     validate_user,
 )
 from engine.graph import CheckResult, ResolutionTooComplex, StoreGraph, check
-from tests.conftest import CONFORMANCE
+from tests import reference
+from tests.fixtures.data import CONFORMANCE
 
 Row = tuple[str, str, str]
 
@@ -43,16 +43,7 @@ def _load_cases(name: str) -> list[dict[str, Any]]:
     return cases
 
 
-def _load_reference() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("openfga_reference", CONFORMANCE / "reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 CASES = [*_load_cases("cases.json"), *_load_cases("cases_extended.json")]
-reference = _load_reference()
 
 
 def graph_of(rows: Iterable[Row]) -> StoreGraph:
@@ -157,7 +148,7 @@ def assert_index_exact(g: StoreGraph, current: set[Row]) -> None:
         assert g._strings[key] is key and all(g._strings[k] is k for k in kids)
 
 
-# --- the shared conformance suite -------------------------------------------------------------
+# --- the conformance cases (OpenFGA's, converted) ---------------------------------------------
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
@@ -167,6 +158,8 @@ def test_conformance_case(case: dict[str, Any]) -> None:
         res = run(g, c["object"], c["relation"], c["user"])
         assert res.allowed is c["allowed"], c
         assert_consistent(g, res, c["object"], c["relation"], c["user"])
+        # The reference evaluator agrees with OpenFGA's expectations too.
+        assert reference.check(case["tuples"], c["object"], c["relation"], c["user"]) is c["allowed"], c
 
 
 def test_conformance_tuples_pass_validation() -> None:
@@ -175,7 +168,7 @@ def test_conformance_tuples_pass_validation() -> None:
             validate_tuple(t["object"], t["relation"], t["user"])
 
 
-# --- random graphs against reference.py and the oracle ----------------------------------------
+# --- random graphs against the reference evaluator and the oracle -----------------------------
 
 TYPES = ("doc", "folder", "group")
 RELATIONS = ("viewer", "member")
