@@ -16,7 +16,7 @@ import pytest
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.conftest import Api, Project, Response, assert_error, start_app
+from tests.fixtures.service import Api, Project, Response, assert_error, start_app
 
 ULID = r"[0-9a-hjkmnp-tv-z]{26}"
 ALL_SCOPES = ["users:read", "users:write", "organizations:write", "authz:check", "authz:write",

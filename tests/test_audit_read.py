@@ -27,7 +27,7 @@ import orjson
 import pytest
 
 from common.ids import new_id
-from tests.conftest import Api, Project, Response, assert_error
+from tests.fixtures.service import Api, Project, Response, assert_error
 
 ULID = r"[0-9a-hjkmnp-tv-z]{26}"
 TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z"
@@ -191,7 +191,7 @@ async def catalog(project: Project, db: asyncpg.Pool) -> Fixture:
 
 
 async def bootstrap_other(project: Project, db: asyncpg.Pool, base: datetime) -> str:
-    from tests.conftest import bootstrap_project
+    from tests.fixtures.service import bootstrap_project
 
     other = await bootstrap_project(project.api.with_key(None), "audit-other")
     await insert(db, [
@@ -506,7 +506,7 @@ async def test_cursor_survives_a_restart_and_other_processes(
 ) -> None:
     """The secret lives in PostgreSQL: a second app (another process, or after a restart)
     accepts the cursors of the first."""
-    from tests.conftest import combined_app, serving
+    from tests.fixtures.service import combined_app, serving
 
     first = await get_ok(catalog.api, "/v1/audit/events?limit=2")
     async with serving(http, combined_app(settings_factory())) as second:

@@ -14,7 +14,7 @@ import pytest
 
 from common.auth import ApiKeyAuthenticator, hash_secret
 from common.errors import InvalidApiKey
-from tests.conftest import Project
+from tests.fixtures.service import Project
 
 
 async def test_lookup_in_flight_during_revocation_is_not_cached(

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.conftest import BOOTSTRAP_TOKEN, Api, assert_error, combined_app, start_app
+from tests.fixtures.service import BOOTSTRAP_TOKEN, Api, assert_error, combined_app, start_app
 
 HEADER = "x-service-bootstrap-token"
 ULID = r"[0-9a-hjkmnp-tv-z]{26}"
@@ -262,7 +262,7 @@ async def test_audit_ip_honours_only_trusted_proxies(
     settings_factory: Callable[..., Settings], http: ClientSession, db: asyncpg.Pool,
     trusted: str, forwarded: str, recorded: str,
 ) -> None:
-    from tests.conftest import serving
+    from tests.fixtures.service import serving
 
     async with serving(http, combined_app(settings_factory(trusted_proxies=trusted))) as api:
         payload = body()

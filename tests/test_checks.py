@@ -20,7 +20,7 @@ import pytest
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.conftest import Api, Project, Response, assert_error, serving
+from tests.fixtures.service import Api, Project, Response, assert_error, serving
 
 VISIBLE_WITHIN_S = 1.0
 POLL_INTERVAL_S = 0.005

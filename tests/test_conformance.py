@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Api, Project
 from tests.fixtures.data import CONFORMANCE
+from tests.fixtures.service import Api, Project
 
 CASE_FILES = ("cases.json", "cases_extended.json")
 WRITE_CHUNK = 1000

@@ -17,7 +17,7 @@ from aiohttp import ClientSession
 from common.devservices import ensure_services, stop_private
 from common.settings import Settings
 from control_plane.migrate import upgrade
-from tests.conftest import assert_error, bootstrap_project, combined_app, free_ports, serving
+from tests.fixtures.service import assert_error, bootstrap_project, combined_app, free_ports, serving
 
 
 async def test_outage_is_db_unavailable_and_recovers(

@@ -22,7 +22,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from common.devservices import DevServicesError, ServiceUrls, ensure_services, stop_private
-from tests.conftest import free_ports
+from tests.fixtures.service import free_ports
 
 
 def _port_open(port: int) -> bool:

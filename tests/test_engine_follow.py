@@ -21,7 +21,7 @@ from aiohttp import ClientSession
 
 from common.settings import Settings
 from tests import reference
-from tests.conftest import Api, Project, assert_error, bootstrap_project, serving
+from tests.fixtures.service import Api, Project, assert_error, bootstrap_project, serving
 
 VISIBLE_WITHIN_S = 1.0
 

@@ -29,7 +29,7 @@ from engine.appkeys import STORES
 from engine.checks import create_engine_app
 from engine.graph import check
 from engine.registry import LoadedStore, StoreRegistry
-from tests.conftest import database_pool, migrated_database
+from tests.fixtures.database import database_pool, migrated_database
 
 PROJECT = "proj_engine_registry_tests"
 OTHER_PROJECT = "proj_engine_registry_other"

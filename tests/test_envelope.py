@@ -14,7 +14,7 @@ import pytest_asyncio
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.conftest import BOOTSTRAP_TOKEN, Api, Project, Response, assert_error, combined_app, start_app
+from tests.fixtures.service import BOOTSTRAP_TOKEN, Api, Project, Response, assert_error, combined_app, start_app
 
 REQ_ID = re.compile(r"^req_[0-9a-hjkmnp-tv-z]{26}$")
 BOOT = {"x-service-bootstrap-token": BOOTSTRAP_TOKEN}

@@ -7,8 +7,8 @@ import secrets
 import asyncpg
 
 from control_plane.housekeeping import KEEP_GENERATIONS, purge
-from tests.conftest import Api, Project
-from tests.identity import latest_link, send_link, sign_in
+from tests.fixtures.identity import latest_link, send_link, sign_in
+from tests.fixtures.service import Api, Project
 
 
 def email() -> str:

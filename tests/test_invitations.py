@@ -16,11 +16,11 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.conftest import Api, Project, Response, assert_error, mailbox_messages
-from tests.identity import latest_link, link_in, token_of, verify
-from tests.test_memberships import add_ok, patch
-from tests.test_organizations import create_org
-from tests.test_users import ULID, create_user, email, events, messages, scoped, ts
+from tests.fixtures.database import events, messages
+from tests.fixtures.identity import create_user, email, latest_link, link_in, token_of, verify
+from tests.fixtures.peers import mailbox_messages
+from tests.fixtures.service import ULID, Api, Project, Response, assert_error, scoped, ts
+from tests.organizations.helpers import add_ok, create_org, patch_membership
 
 INVITATION_FIELDS = {"id", "organization_id", "email", "role", "status", "expires_at",
                      "created_at", "accepted_at", "revoked_at"}
@@ -131,7 +131,7 @@ async def test_any_member_active_or_suspended_is_already_a_member(
     assert r.body["error"]["details"]["membership_id"] == m["id"]
     assert r.body["error"]["details"]["membership_status"] == "active"
     # Suspended: still a member; an invitation would be "accepted" and change nothing.
-    assert (await patch(project.api, org["id"], m["id"], {"status": "suspended"})).status == 200
+    assert (await patch_membership(project.api, org["id"], m["id"], {"status": "suspended"})).status == 200
     r = await invite(project.api, org["id"], user["email"])
     assert_error(r, 409, "already_a_member")
     details = r.body["error"]["details"]
@@ -145,7 +145,7 @@ async def test_any_member_active_or_suspended_is_already_a_member(
                              org["id"]) == 0
     assert await events(db, project.id, "invitation.created") == []
     # Reactivated as the message says: the membership is active again.
-    assert (await patch(project.api, org["id"], m["id"], {"status": "active"})).status == 200
+    assert (await patch_membership(project.api, org["id"], m["id"], {"status": "active"})).status == 200
     # Removed: the person may be invited again.
     assert (await project.api.delete(f"/v1/organizations/{org['id']}/memberships/{m['id']}")).status == 200
     await invite_ok(project.api, org["id"], user["email"])
@@ -293,7 +293,7 @@ async def test_link_keeps_a_membership_made_after_the_invitation(
     inv = await invite_ok(project.api, org["id"], user["email"], role="member")
     # Between the invitation and its acceptance the user is added, then suspended.
     m = await add_ok(project.api, org["id"], user["id"], role="owner")
-    assert (await patch(project.api, org["id"], m["id"], {"status": "suspended"})).status == 200
+    assert (await patch_membership(project.api, org["id"], m["id"], {"status": "suspended"})).status == 200
     mails = await mailbox_messages(project.api, user["email"], count=2)
     invitation_mail = next(x for x in mails if x["kind"] == "invitation")
     r = await verify(project.api, project, token_of(link_in(invitation_mail["text"])))

@@ -9,21 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import asyncpg
-import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from common.auth import token_digest
-from tests.browser import chromium
-from tests.conftest import Api, Project
-from tests.identity import latest_link, send_link, token_of
+from tests.fixtures.identity import latest_link, send_link, token_of
+from tests.fixtures.service import Api, Project
 
 PROMPT = "Press the button to finish signing in."
 WORKING = "Signing in…"
@@ -36,13 +34,6 @@ fetch("/v1/sessions/me", {credentials: "same-origin"})
   .then(async (r) => done({status: r.status, body: await r.json()}))
   .catch((e) => done({status: 0, body: String(e)}));
 """
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[webdriver.Chrome]:
-    """One headless Chromium for the module's tests (each page load starts with no cookies)."""
-    with chromium() as driver:
-        yield driver
 
 
 @dataclass

@@ -11,28 +11,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.conftest import Api, Project, Response, assert_error
-from tests.identity import latest_link, session_call, token_of, verify
-from tests.test_organizations import create_org
-from tests.test_users import ULID, create_user, email, events, scoped
+from tests.fixtures.database import events
+from tests.fixtures.identity import create_user, email, latest_link, session_call, token_of, verify
+from tests.fixtures.service import ULID, Project, assert_error, scoped
+from tests.organizations.helpers import add, add_ok, create_org, patch_membership
 
 MEMBERSHIP_FIELDS = {"id", "organization_id", "user_id", "role", "status", "created_at",
                      "updated_at"}
-
-
-async def add(api: Api, org_id: str, user_id: str, **fields: Any) -> Response:
-    return await api.post(f"/v1/organizations/{org_id}/memberships", {"user_id": user_id, **fields})
-
-
-async def add_ok(api: Api, org_id: str, user_id: str, **fields: Any) -> dict[str, Any]:
-    r = await add(api, org_id, user_id, **fields)
-    assert r.status == 201, r.body
-    return dict(r.body)
-
-
-async def patch(api: Api, org_id: str, membership_id: str, body: Any) -> Response:
-    return await api.request("PATCH", f"/v1/organizations/{org_id}/memberships/{membership_id}",
-                             json=body)
 
 
 # --- add --------------------------------------------------------------------------------------
@@ -129,7 +114,8 @@ async def test_list_with_paging_and_status_filter(project: Project) -> None:
     members = [await add_ok(project.api, org["id"], (await create_user(project.api))["id"])
                for _ in range(3)]
     await add_ok(project.api, other_org["id"], members[0]["user_id"])
-    assert (await patch(project.api, org["id"], members[1]["id"], {"status": "suspended"})).status == 200
+    assert (await patch_membership(project.api, org["id"], members[1]["id"],
+                                   {"status": "suspended"})).status == 200
     base = f"/v1/organizations/{org['id']}/memberships"
     page1 = await project.api.get(base + "?limit=2")
     assert page1.status == 200, page1.body
@@ -169,7 +155,7 @@ async def test_show_and_membership_not_found_for_any_mismatch(
     for org_id, mem_id in cases:
         path = f"/v1/organizations/{org_id}/memberships/{mem_id}"
         assert_error(await project.api.get(path), 404, "membership_not_found")
-        assert_error(await patch(project.api, org_id, mem_id, {"role": "admin"}), 404,
+        assert_error(await patch_membership(project.api, org_id, mem_id, {"role": "admin"}), 404,
                      "membership_not_found")
         assert_error(await project.api.delete(path), 404, "membership_not_found")
     assert (await other.api.get(
@@ -184,7 +170,7 @@ async def test_role_and_status_changes_emit_events_only_when_they_change(
 ) -> None:
     org = await create_org(project.api)
     m = await add_ok(project.api, org["id"], (await create_user(project.api))["id"])
-    r = await patch(project.api, org["id"], m["id"], {"role": "admin"})
+    r = await patch_membership(project.api, org["id"], m["id"], {"role": "admin"})
     assert r.status == 200, r.body
     assert r.body["role"] == "admin" and r.body["status"] == "active"
     role_events = await events(db, project.id, "membership.role_changed")
@@ -194,11 +180,11 @@ async def test_role_and_status_changes_emit_events_only_when_they_change(
     assert role_events[0]["metadata"]["new_role"] == "admin"
     assert await events(db, project.id, "membership.status_changed") == []
     # Same values again: nothing recorded.
-    same = await patch(project.api, org["id"], m["id"], {"role": "admin", "status": "active"})
+    same = await patch_membership(project.api, org["id"], m["id"], {"role": "admin", "status": "active"})
     assert same.status == 200 and same.body["updated_at"] == r.body["updated_at"]
     assert len(await events(db, project.id, "membership.role_changed")) == 1
     # Both at once: one event each.
-    both = await patch(project.api, org["id"], m["id"], {"role": "owner", "status": "suspended"})
+    both = await patch_membership(project.api, org["id"], m["id"], {"role": "owner", "status": "suspended"})
     assert both.body["role"] == "owner" and both.body["status"] == "suspended"
     role_events = await events(db, project.id, "membership.role_changed")
     status_events = await events(db, project.id, "membership.status_changed")
@@ -206,7 +192,7 @@ async def test_role_and_status_changes_emit_events_only_when_they_change(
     assert len(status_events) == 1
     assert status_events[0]["metadata"]["old_status"] == "active"
     assert status_events[0]["metadata"]["new_status"] == "suspended"
-    back = await patch(project.api, org["id"], m["id"], {"status": "active"})
+    back = await patch_membership(project.api, org["id"], m["id"], {"status": "active"})
     assert back.body["status"] == "active"
     assert len(await events(db, project.id, "membership.status_changed")) == 2
 
@@ -216,7 +202,7 @@ async def test_role_and_status_changes_emit_events_only_when_they_change(
 async def test_invalid_patch_is_invalid_request(project: Project, body: dict[str, Any]) -> None:
     org = await create_org(project.api)
     m = await add_ok(project.api, org["id"], (await create_user(project.api))["id"])
-    assert_error(await patch(project.api, org["id"], m["id"], body), 400, "invalid_request")
+    assert_error(await patch_membership(project.api, org["id"], m["id"], body), 400, "invalid_request")
 
 
 async def test_remove(project: Project, db: asyncpg.Pool) -> None:
@@ -243,7 +229,7 @@ async def test_suspended_membership_cannot_be_selected(project: Project) -> None
     org_a, org_b = await create_org(project.api), await create_org(project.api)
     await add_ok(project.api, org_a["id"], user["id"])
     mb = await add_ok(project.api, org_b["id"], user["id"])
-    assert (await patch(project.api, org_b["id"], mb["id"], {"status": "suspended"})).status == 200
+    assert (await patch_membership(project.api, org_b["id"], mb["id"], {"status": "suspended"})).status == 200
     signed = await verify(project.api, project, token_of(await latest_link(project, address)))
     assert signed.status == 200, signed.body
     access = signed.body["access_token"]
@@ -274,7 +260,8 @@ async def test_user_memberships_carry_organization_name_and_slug(
         assert (m["organization_name"], m["organization_slug"]) == (o["name"], o["slug"])
     paged = await project.api.get(f"/v1/users/{user['id']}/memberships?limit=2")
     assert len(paged.body["data"]) == 2 and paged.body["has_more"] is True
-    assert (await patch(project.api, orgs[1]["id"], made[1]["id"], {"status": "suspended"})).status == 200
+    assert (await patch_membership(project.api, orgs[1]["id"], made[1]["id"],
+                                   {"status": "suspended"})).status == 200
     active = await project.api.get(f"/v1/users/{user['id']}/memberships?status=active")
     assert [m["id"] for m in active.body["data"]] == [made[0]["id"], made[2]["id"]]
     other = await new_project("mem-user-other")
@@ -297,7 +284,7 @@ async def test_scopes_are_enforced(project: Project, db: asyncpg.Pool) -> None:
     assert (await reader.get(f"/v1/users/{user['id']}/memberships")).status == 200
     assert_error(await add(reader, org["id"], (await create_user(project.api))["id"]), 403,
                  "insufficient_scope")
-    assert_error(await patch(reader, org["id"], m["id"], {"role": "admin"}), 403,
+    assert_error(await patch_membership(reader, org["id"], m["id"], {"role": "admin"}), 403,
                  "insufficient_scope")
     assert_error(await reader.delete(f"{base}/{m['id']}"), 403, "insufficient_scope")
     unrelated = await scoped(project, "authz:check")
@@ -315,7 +302,8 @@ async def test_user_memberships_page_with_a_status_filter_and_their_own_cursors(
     orgs = [await create_org(project.api) for _ in range(4)]
     made = [await add_ok(project.api, o["id"], user["id"]) for o in orgs]
     theirs = await add_ok(project.api, orgs[0]["id"], other_user["id"])
-    assert (await patch(project.api, orgs[1]["id"], made[1]["id"], {"status": "suspended"})).status == 200
+    assert (await patch_membership(project.api, orgs[1]["id"], made[1]["id"],
+                                   {"status": "suspended"})).status == 200
     path = f"/v1/users/{user['id']}/memberships?status=active&limit=1"
     seen: list[str] = []
     cursor = None

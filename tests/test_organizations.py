@@ -12,21 +12,12 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.conftest import Api, Project, Response, assert_error
-from tests.test_users import ULID, create_user, events, scoped
+from tests.fixtures.database import events
+from tests.fixtures.identity import create_user
+from tests.fixtures.service import ULID, Api, Project, Response, assert_error, scoped
+from tests.organizations.helpers import create_org, slug
 
 ORG_FIELDS = {"id", "name", "slug", "metadata", "created_at", "updated_at"}
-
-
-def slug() -> str:
-    return f"org-{secrets.token_hex(4)}"
-
-
-async def create_org(api: Api, name: str = "Acme", org_slug: str | None = None,
-                     **fields: Any) -> dict[str, Any]:
-    r = await api.post("/v1/organizations", {"name": name, "slug": org_slug or slug(), **fields})
-    assert r.status == 201, r.body
-    return dict(r.body)
 
 
 async def patch(api: Api, org_id: str, body: Any) -> Response:

@@ -16,16 +16,12 @@ import base64
 import contextlib
 import email
 import email.policy
-import ipaddress
 import os
 import secrets
 import ssl
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -34,12 +30,7 @@ import asyncpg
 import orjson
 import pytest
 import pytest_asyncio
-from aiohttp import ClientSession, web
-from aiosmtpd.controller import Controller
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from aiohttp import ClientSession
 
 from common.devservices import ensure_services, stop_private
 from common.settings import Settings, decode_kek
@@ -47,7 +38,18 @@ from control_plane import outbox
 from control_plane.destinations import Channel
 from control_plane.kms import LocalKms
 from control_plane.migrate import upgrade
-from tests.conftest import (
+from tests.fixtures.database import database_pool, migrated_database
+from tests.fixtures.identity import link_in, token_of
+from tests.fixtures.peers import (
+    TWILIO_SID,
+    SmtpSink,
+    TwilioCall,
+    mailbox_messages,
+    self_signed_certificate,
+    smtp_server,
+    twilio,
+)
+from tests.fixtures.service import (
     BOOTSTRAP_TOKEN,
     KMS_KEY,
     ROOT,
@@ -55,16 +57,11 @@ from tests.conftest import (
     assert_error,
     bootstrap_project,
     combined_app,
-    database_pool,
     eventually,
     free_ports,
-    mailbox_messages,
-    migrated_database,
     serve_process,
     serving,
-    start_app,
 )
-from tests.identity import link_in, token_of
 
 KMS = LocalKms(decode_kek(KMS_KEY))
 LINK = "https://app.example.test/v1/auth/magic-link/verify?project_id=p&token="
@@ -138,79 +135,12 @@ async def delivering(http: ClientSession, settings: Settings, name: str = "outbo
         yield await bootstrap_project(api, name)
 
 
-# --- a real SMTP server ------------------------------------------------------------------------
-
-
-@dataclass
-class Received:
-    mail_from: str
-    rcpt_tos: list[str]
-    content: bytes
-    tls: bool
-
-    @property
-    def message(self) -> EmailMessage:
-        parsed = email.message_from_bytes(self.content, policy=email.policy.default)
-        assert isinstance(parsed, EmailMessage)
-        return parsed
-
-
-@dataclass
-class SmtpSink:
-    """An aiosmtpd handler that keeps what it accepts. It refuses the recipients in ``refuse``
-    with 550, and with ``stall_first`` never answers the first DATA (a delivery in flight)."""
-
-    refuse: frozenset[str] = frozenset()
-    stall_first: bool = False
-    received: list[Received] = field(default_factory=list)
-    stalled: threading.Event = field(default_factory=threading.Event)
-
-    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
-                          rcpt_options: list[str]) -> str:
-        if address in self.refuse:
-            return "550 5.1.1 <" + address + ">: mailbox unavailable"
-        envelope.rcpt_tos.append(address)
-        return "250 OK"
-
-    async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
-        if self.stall_first:
-            self.stall_first = False
-            self.stalled.set()
-            await asyncio.sleep(3600)
-        self.received.append(Received(envelope.mail_from, list(envelope.rcpt_tos),
-                                      bytes(envelope.original_content or envelope.content),
-                                      session.ssl is not None  # STARTTLS
-                                      or server.transport.get_extra_info("ssl_object") is not None))
-        return "250 2.0.0 Message accepted for delivery"
-
-    def to(self, destination: str) -> list[Received]:
-        return [r for r in self.received if destination in r.rcpt_tos]
-
-    async def wait_for(self, destination: str, count: int = 1) -> list[Received]:
-        async def probe() -> list[Received]:
-            got = self.to(destination)
-            return got if len(got) >= count else []
-        return await eventually(probe, what=f"{count} SMTP message(s) to {destination}")
-
-
-@contextlib.asynccontextmanager
-async def smtp_server(handler: SmtpSink, port: int | None = None, **kwargs: Any) -> AsyncIterator[int]:
-    """aiosmtpd on 127.0.0.1 (its own thread and loop) for the duration; yields its port."""
-    port = port or free_ports(1)[0]
-    controller = Controller(handler, hostname="127.0.0.1", port=port, **kwargs)
-    await asyncio.to_thread(controller.start)
-    try:
-        yield port
-    finally:
-        await asyncio.to_thread(controller.stop)
+# --- SMTP delivery -----------------------------------------------------------------------------
 
 
 def smtp_settings(port: int, **overrides: Any) -> dict[str, Any]:
     return {"email_sink": "smtp", "smtp_host": "127.0.0.1", "smtp_port": port, "smtp_tls": "none",
             "smtp_from": "Authio Test <no-reply@authio.test>", "smtp_timeout_seconds": 5, **overrides}
-
-
-# --- SMTP delivery -----------------------------------------------------------------------------
 
 
 async def test_smtp_delivery_headers_body_and_row(
@@ -284,32 +214,6 @@ async def test_smtp_down_retries_then_delivers(
     assert stored["attempts"] > waiting["attempts"] and stored["body_sealed"] is None
 
 
-def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 and localhost, and its key (PEM files)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "authio test SMTP")])
-    now = datetime.now(UTC)
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False,
-                                     encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = directory / "smtp.crt", directory / "smtp.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
-
-
 @pytest.mark.parametrize("mode", ["starttls", "tls"])
 async def test_smtp_over_tls_verifies_the_server(
     http: ClientSession, outbox_settings: Callable[..., Settings], outbox_pool: asyncpg.Pool,
@@ -344,62 +248,13 @@ async def test_smtp_over_tls_verifies_the_server(
 
 # --- Twilio-shaped SMS -------------------------------------------------------------------------
 
-SID = "AC" + "0123456789abcdef" * 2
 AUTH_TOKEN = "test-auth-token-" + secrets.token_hex(8)
 FROM_NUMBER = "+15005550006"
 
 
-@dataclass
-class TwilioCall:
-    path: str
-    authorization: str | None
-    content_type: str
-    idempotency_key: str | None
-    form: dict[str, str]
-
-
-class TwilioReceiver:
-    """A local HTTP receiver speaking Twilio's Messages REST shape; ``answer`` picks each reply's
-    status from the form and the calls so far for that ``To``."""
-
-    def __init__(self, answer: Callable[[dict[str, str], int], int]) -> None:
-        self.answer = answer
-        self.calls: list[TwilioCall] = []
-        self.app = web.Application()
-        self.app.router.add_post("/2010-04-01/Accounts/{sid}/Messages.json", self.handle)
-
-    def to(self, number: str) -> list[TwilioCall]:
-        return [c for c in self.calls if c.form.get("To") == number]
-
-    async def handle(self, request: web.Request) -> web.Response:
-        form = {k: str(v) for k, v in (await request.post()).items()}
-        self.calls.append(TwilioCall(request.path, request.headers.get("Authorization"),
-                                     request.content_type, request.headers.get("Idempotency-Key"), form))
-        status = self.answer(form, len(self.to(form.get("To", ""))))
-        if status == 201:
-            body = {"sid": "SM" + secrets.token_hex(16), "status": "queued", "to": form.get("To"),
-                    "from": form.get("From"), "body": form.get("Body"), "account_sid": SID}
-        else:
-            code = {400: 21211, 429: 20429}.get(status, 20500)
-            body = {"code": code, "message": f"The 'To' number {form.get('To')} is not valid." if status == 400
-                    else "Internal Server Error", "more_info": f"https://www.twilio.com/docs/errors/{code}",
-                    "status": status}
-        return web.json_response(body, status=status)
-
-
-@contextlib.asynccontextmanager
-async def twilio(answer: Callable[[dict[str, str], int], int]) -> AsyncIterator[tuple[TwilioReceiver, str]]:
-    receiver = TwilioReceiver(answer)
-    running = await start_app(receiver.app)
-    try:
-        yield receiver, running.base_url
-    finally:
-        await running.stop()
-
-
 def twilio_settings(base_url: str, **overrides: Any) -> dict[str, Any]:
     # Email goes to an SMTP port nobody listens on: neither channel uses the console here.
-    return {"sms_sink": "twilio", "twilio_account_sid": SID, "twilio_auth_token": AUTH_TOKEN,
+    return {"sms_sink": "twilio", "twilio_account_sid": TWILIO_SID, "twilio_auth_token": AUTH_TOKEN,
             "twilio_from": FROM_NUMBER, "twilio_base_url": base_url,
             **smtp_settings(free_ports(1)[0]), **overrides}
 
@@ -422,9 +277,9 @@ async def test_twilio_retries_server_errors_then_delivers_once(
         assert_error(await project.api.get("/v1/dev/mailbox"), 404, "not_found")
     calls = receiver.to(number)
     assert len(calls) == 3 and stored["attempts"] == 3
-    expected_auth = "Basic " + base64.b64encode(f"{SID}:{AUTH_TOKEN}".encode()).decode()
+    expected_auth = "Basic " + base64.b64encode(f"{TWILIO_SID}:{AUTH_TOKEN}".encode()).decode()
     for call in calls:
-        assert call.path == f"/2010-04-01/Accounts/{SID}/Messages.json"
+        assert call.path == f"/2010-04-01/Accounts/{TWILIO_SID}/Messages.json"
         assert call.authorization == expected_auth
         assert call.content_type == "application/x-www-form-urlencoded"
         assert call.form == {"To": number, "From": FROM_NUMBER, "Body": body}

@@ -18,9 +18,9 @@ from aiohttp import ClientSession
 from redis.asyncio import Redis
 
 from common.settings import Settings
-from tests.conftest import Api, Project, assert_error, combined_app, serving
-from tests.identity import SignedIn, session_call, sign_in
-from tests.test_signin import add_member, email, events, make_org
+from tests.fixtures.database import events
+from tests.fixtures.identity import SignedIn, add_member, email, make_org, session_call, sign_in
+from tests.fixtures.service import Api, Project, assert_error, combined_app, serving
 
 
 def claims_of(token: str) -> dict[str, Any]:
@@ -137,7 +137,7 @@ async def test_select_org_once_then_switch(service: Api, project: Project, db: a
     assert r.status == 200, r.body
     c = claims_of(r.body["access_token"])
     assert c["act_org"] == second["id"] and c["act_role"] == "member"
-    [event] = await events(db, project, "session.org_switched")
+    [event] = await events(db, project.id, "session.org_switched")
     assert event["target_id"] == s.session_id and event["user_id"] == s.user_id
     assert event["metadata"]["from_organization_id"] == first["id"]
     assert event["metadata"]["to_organization_id"] == second["id"]
@@ -208,7 +208,7 @@ async def test_reusing_a_rotated_refresh_token_revokes_the_session(
         assert r.body["error"]["details"]["reason"] == "session_revoked"
         score = await redis.zscore(f"{settings.redis_prefix}revoked_sessions", s.session_id)
         assert score is not None and score >= claims_of(r1.body["access_token"])["exp"]
-        [event] = [e for e in await events(db, project, "session.revoked")
+        [event] = [e for e in await events(db, project.id, "session.revoked")
                    if e["target_id"] == s.session_id]
         assert event["metadata"]["reason"] == "refresh_token_reused"
 
@@ -320,7 +320,7 @@ async def test_revoke_ends_the_session_everywhere(
     assert score is not None and score >= latest_exp
     ttl = await redis.ttl(key)
     assert ttl >= latest_exp - int(time.time())
-    assert [e["target_id"] for e in await events(db, project, "session.revoked")] == [s.session_id]
+    assert [e["target_id"] for e in await events(db, project.id, "session.revoked")] == [s.session_id]
 
 
 async def test_deleting_a_user_revokes_their_sessions(service: Api, project: Project,

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import ClientSession, ClientTimeout
 
 from common.settings import SettingsError, load_settings
-from tests.conftest import AUTHIO, ROOT, free_ports, serve_process, stop_gracefully
+from tests.fixtures.service import AUTHIO, ROOT, free_ports, serve_process, stop_gracefully
 
 ENV_VARS = (
     "PORT", "SERVICE_HOST", "SERVICE_ENGINE_PORT", "DATABASE_URL", "REDIS_URL",

@@ -12,19 +12,26 @@ from collections.abc import Callable
 from typing import Any
 
 import asyncpg
-import orjson
 import pytest
 from aiohttp import ClientSession
 from jwcrypto import jwk, jwt
 
 from common.ids import new_id
 from common.settings import Settings
-from tests.conftest import Api, Project, assert_error, combined_app, mailbox_messages, serving
-from tests.identity import latest_link, link_in, send_link, sign_in, token_of, verify
-
-
-def email() -> str:
-    return f"user-{secrets.token_hex(6)}@example.com"
+from tests.fixtures.database import events
+from tests.fixtures.identity import (
+    add_member,
+    email,
+    latest_link,
+    link_in,
+    make_org,
+    send_link,
+    sign_in,
+    token_of,
+    verify,
+)
+from tests.fixtures.peers import mailbox_messages
+from tests.fixtures.service import Api, Project, assert_error, combined_app, serving
 
 
 def phone() -> str:
@@ -41,17 +48,6 @@ async def jwks_claims(api: Api, project: Project, token: str) -> tuple[dict[str,
     import json
 
     return json.loads(verified.header), json.loads(verified.claims)
-
-
-async def events(db: asyncpg.Pool, project: Project, action: str) -> list[dict[str, Any]]:
-    rows = await db.fetch(
-        "SELECT * FROM audit_events WHERE project_id = $1 AND action = $2 ORDER BY created_at, id",
-        project.id, action,
-    )
-    out = [dict(r) for r in rows]
-    for e in out:  # the test pool has no jsonb codec
-        e["metadata"] = orjson.loads(e["metadata"])
-    return out
 
 
 # --- send -------------------------------------------------------------------------------------
@@ -228,7 +224,7 @@ async def test_a_link_works_once(service: Api, project: Project, db: asyncpg.Poo
     token = token_of(await latest_link(project, to))
     assert (await verify(service, project, token)).status == 200
     assert_error(await verify(service, project, token), 410, "token_consumed")
-    failures = [e for e in await events(db, project, "auth.signin_attempt")
+    failures = [e for e in await events(db, project.id, "auth.signin_attempt")
                 if e["metadata"]["outcome"] == "failure"]
     assert [e["metadata"]["reason"] for e in failures] == ["token_consumed"]
 
@@ -277,7 +273,7 @@ async def test_sign_in_records_attempts_with_device_ip_and_user_agent(
         "User-Agent": "Mozilla/5.0 (X11; Linux x86_64) Test/1.0",
         "Sec-CH-UA-Platform": '"Linux"', "Sec-CH-UA-Mobile": "?0"})
     assert r.status == 200, r.body
-    [event] = await events(db, project, "auth.signin_attempt")
+    [event] = await events(db, project.id, "auth.signin_attempt")
     m = event["metadata"]
     assert m["method"] == "magic_link" and m["outcome"] == "success"
     assert m["ip"] == "127.0.0.1" and m["user_agent"].startswith("Mozilla/5.0")
@@ -295,10 +291,10 @@ async def test_first_sign_in_creates_the_user_and_later_ones_reuse_it(
                            api=service)
     assert first.user_id == second.user_id
     assert first.session_id != second.session_id
-    [created] = await events(db, project, "user.created")
+    [created] = await events(db, project.id, "user.created")
     assert created["user_id"] == created["target_id"] == created["actor_id"] == first.user_id
     assert created["metadata"]["source"] == "magic_link"
-    attempts = await events(db, project, "auth.signin_attempt")
+    attempts = await events(db, project.id, "auth.signin_attempt")
     assert [e["target_id"] for e in attempts] == [first.session_id, second.session_id]
     assert all(e["metadata"]["outcome"] == "success" for e in attempts)
     # Exactly the stored rows the response describes, and each link used up.
@@ -344,20 +340,6 @@ async def test_a_link_stops_working_when_the_user_changes_address(
 # --- organizations at sign-in -------------------------------------------------------------------
 
 
-async def make_org(project: Project, slug: str | None = None) -> dict[str, Any]:
-    slug = slug or f"org-{secrets.token_hex(4)}"
-    r = await project.api.post("/v1/organizations", {"name": slug.title(), "slug": slug})
-    assert r.status == 201, r.body
-    return dict(r.body)
-
-
-async def add_member(project: Project, org_id: str, user_id: str, role: str = "member") -> dict[str, Any]:
-    r = await project.api.post(f"/v1/organizations/{org_id}/memberships",
-                               {"user_id": user_id, "role": role})
-    assert r.status == 201, r.body
-    return dict(r.body)
-
-
 async def test_one_membership_selects_that_org(service: Api, project: Project) -> None:
     to = email()
     user = (await project.api.post("/v1/users", {"email": to, "name": "Solo"})).body
@@ -398,7 +380,7 @@ async def test_invitation_link_accepts_and_selects_the_org(
     assert [(x["user_id"], x["role"]) for x in m.body["data"]] == [(v.body["user"]["id"], "admin")]
     i = await project.api.get(f"/v1/organizations/{org['id']}/invitations/{invitation_id}")
     assert i.body["status"] == "accepted"
-    assert [e["target_id"] for e in await events(db, project, "invitation.accepted")] == [invitation_id]
+    assert [e["target_id"] for e in await events(db, project.id, "invitation.accepted")] == [invitation_id]
 
 
 async def test_a_refused_invitation_link_is_recorded_and_used_up(
@@ -411,7 +393,7 @@ async def test_a_refused_invitation_link_is_recorded_and_used_up(
     rv = await project.api.post(f"/v1/organizations/{org['id']}/invitations/{r.body['id']}/revoke")
     assert rv.status == 200, rv.body
     assert_error(await verify(service, project, token_of(link)), 409, "invitation_not_pending")
-    [failure] = await events(db, project, "auth.signin_attempt")
+    [failure] = await events(db, project.id, "auth.signin_attempt")
     assert failure["metadata"]["outcome"] == "failure"
     assert failure["metadata"]["reason"] == "invitation_not_pending"
     assert failure["metadata"]["purpose"] == "invitation"
@@ -497,7 +479,7 @@ async def test_an_address_changed_during_the_sign_in_is_not_verified(
     stored = await db.fetchrow("SELECT email, email_verified FROM users WHERE id = $1", user["id"])
     assert stored["email"] == new_address and stored["email_verified"] is False
     assert await db.fetchval("SELECT count(*) FROM sessions WHERE user_id = $1", user["id"]) == 0
-    [refused] = await events(db, project, "auth.signin_attempt")
+    [refused] = await events(db, project.id, "auth.signin_attempt")
     assert refused["metadata"]["reason"] == "token_invalid_or_expired"
 
 
@@ -544,6 +526,6 @@ async def test_a_first_sign_in_racing_another_creation_signs_in_as_that_user(
     r = await verifying
     assert r.status == 200, r.body
     assert r.body["user"]["id"] == racer and r.body["user"]["email_verified"] is True
-    assert await events(db, project, "user.created") == []  # it created nobody
-    [attempt] = await events(db, project, "auth.signin_attempt")
+    assert await events(db, project.id, "user.created") == []  # it created nobody
+    [attempt] = await events(db, project.id, "auth.signin_attempt")
     assert attempt["metadata"]["outcome"] == "success" and attempt["user_id"] == racer

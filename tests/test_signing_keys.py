@@ -37,7 +37,8 @@ from control_plane import signing_keys
 from control_plane.appkeys import KMS, TOKENS
 from control_plane.kms import KmsError, LocalKms
 from control_plane.tokens import AccessClaims, TokenService
-from tests.conftest import (
+from tests.fixtures.database import migrated_database
+from tests.fixtures.service import (
     KMS_KEY,
     Api,
     Project,
@@ -46,7 +47,6 @@ from tests.conftest import (
     bootstrap_project,
     combined_app,
     eventually,
-    migrated_database,
     serving,
 )
 

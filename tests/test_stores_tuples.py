@@ -16,7 +16,7 @@ import asyncpg
 import orjson
 import pytest
 
-from tests.conftest import Project, Response, assert_error
+from tests.fixtures.service import Project, Response, assert_error
 
 ULID = r"[0-9a-hjkmnp-tv-z]{26}"
 

@@ -16,7 +16,6 @@ the sentinel's span has arrived, any span of the earlier requests would have arr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import logging
 import os
@@ -34,11 +33,6 @@ import pytest_asyncio
 from aiohttp import ClientSession, web
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -58,7 +52,8 @@ from common.telemetry import (
     server_middlewares,
     setup_tracing,
 )
-from tests.conftest import (
+from tests.fixtures.peers import Receiver, closed_port, hanging_collector, receiving
+from tests.fixtures.service import (
     BOOTSTRAP_TOKEN,
     KMS_KEY,
     ROOT,
@@ -66,146 +61,9 @@ from tests.conftest import (
     Response,
     ServedProcess,
     bootstrap_project,
-    free_ports,
     serve_process,
     stop_gracefully,
 )
-
-_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
-_STATUSES = {0: "UNSET", 1: "OK", 2: "ERROR"}
-_STATEMENT_KEYS = ("db.statement", "db.query.text")
-
-
-# -- a real OTLP/HTTP receiver ----------------------------------------------------------------
-
-
-@dataclass
-class Span:
-    service: str
-    scope: str
-    name: str
-    kind: str
-    trace_id: str
-    span_id: str
-    parent_span_id: str | None
-    attributes: dict[str, Any]
-    status: str
-    events: list[dict[str, Any]]
-
-    @property
-    def http_status(self) -> int | None:
-        value = self.attributes.get("http.status_code", self.attributes.get("http.response.status_code"))
-        return None if value is None else int(value)
-
-    @property
-    def statement(self) -> str | None:
-        for key in _STATEMENT_KEYS:
-            if key in self.attributes:
-                return str(self.attributes[key])
-        return None
-
-    @property
-    def is_postgres(self) -> bool:
-        return "postgresql" in (self.attributes.get("db.system"), self.attributes.get("db.system.name"))
-
-    def text(self) -> str:
-        """Everything the span carries, as one string (for "this value appears nowhere")."""
-        return orjson.dumps([self.name, self.attributes, self.events], default=str).decode()
-
-
-def _value(v: AnyValue) -> Any:
-    which = v.WhichOneof("value")
-    if which is None:
-        return None
-    if which == "array_value":
-        return [_value(x) for x in v.array_value.values]
-    if which == "kvlist_value":
-        return {kv.key: _value(kv.value) for kv in v.kvlist_value.values}
-    return getattr(v, which)
-
-
-class Receiver:
-    """POST /v1/traces decoded into :class:`Span`; GET /echo answers the request's headers."""
-
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-        self.exports: list[dict[str, str]] = []  # request headers of each export
-        self.base_url = ""
-        self._runner: web.AppRunner | None = None
-
-    async def _traces(self, request: web.Request) -> web.Response:
-        message = ExportTraceServiceRequest()
-        message.ParseFromString(await request.read())
-        self.exports.append({k.lower(): v for k, v in request.headers.items()})
-        for resource_spans in message.resource_spans:
-            resource = {kv.key: _value(kv.value) for kv in resource_spans.resource.attributes}
-            for scope_spans in resource_spans.scope_spans:
-                for s in scope_spans.spans:
-                    self.spans.append(Span(
-                        service=resource.get("service.name", ""), scope=scope_spans.scope.name,
-                        name=s.name, kind=_KINDS[s.kind], trace_id=s.trace_id.hex(),
-                        span_id=s.span_id.hex(), parent_span_id=s.parent_span_id.hex() or None,
-                        attributes={kv.key: _value(kv.value) for kv in s.attributes},
-                        status=_STATUSES[s.status.code],
-                        events=[{"name": e.name, "attributes": {kv.key: _value(kv.value)
-                                                               for kv in e.attributes}}
-                                for e in s.events],
-                    ))
-        return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
-                            content_type="application/x-protobuf")
-
-    async def _echo(self, request: web.Request) -> web.Response:
-        return web.json_response({k.lower(): v for k, v in request.headers.items()})
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/traces", self._traces)
-        app.router.add_get("/echo", self._echo)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.base_url = f"http://127.0.0.1:{port}"
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def wait_for(self, predicate: Callable[[Span], bool], *, count: int = 1,
-                       within: float = 20.0) -> list[Span]:
-        """The spans matching ``predicate`` once there are at least ``count`` of them."""
-        deadline = time.monotonic() + within
-        while True:
-            found = [s for s in self.spans if predicate(s)]
-            if len(found) >= count:
-                return found
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{count} matching span(s) not received within {within} s; "
-                                     f"got {len(found)} of {len(self.spans)} spans: "
-                                     f"{[(s.service, s.name) for s in self.spans][-30:]}")
-            await asyncio.sleep(0.05)
-
-    async def server_span(self, request_id: str) -> Span:
-        """The SERVER span of the request that answered with ``request_id``."""
-        spans = await self.wait_for(lambda s: s.kind == "SERVER"
-                                    and s.attributes.get("authio.request_id") == request_id)
-        assert len(spans) == 1, spans
-        return spans[0]
-
-    def trace(self, trace_id: str) -> list[Span]:
-        return [s for s in self.spans if s.trace_id == trace_id]
-
-
-@contextlib.asynccontextmanager
-async def receiving() -> AsyncIterator[Receiver]:
-    receiver = Receiver()
-    await receiver.start()
-    try:
-        yield receiver
-    finally:
-        await receiver.stop()
-
 
 # -- `authio serve` as a subprocess ------------------------------------------------------------
 
@@ -720,35 +578,6 @@ async def test_stdout_exporter_prints_one_json_line_per_span(http: ClientSession
 
 
 # -- a collector that is down or hangs ----------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def hanging_collector() -> AsyncIterator[tuple[str, list[int]]]:
-    """Accepts connections and reads requests, never answers. Yields (URL, connections seen)."""
-    seen: list[int] = []
-    held: list[asyncio.StreamWriter] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        seen.append(1)
-        held.append(writer)
-        with contextlib.suppress(OSError):
-            while await reader.read(65536):
-                pass
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        for writer in held:
-            writer.close()
-        server.close()
-        await server.wait_closed()
-
-
-@contextlib.asynccontextmanager
-async def closed_port() -> AsyncIterator[tuple[str, list[int]]]:
-    yield f"http://127.0.0.1:{free_ports(1)[0]}", []
 
 
 async def _timed(call: Callable[[], Any]) -> tuple[float, Response]:

@@ -17,63 +17,16 @@ from aiohttp import ClientSession
 from redis.asyncio import Redis
 
 from common.settings import Settings
-from tests.conftest import Api, Project, Response, assert_error, combined_app, serving
-from tests.identity import latest_link, session_call, sign_in, token_of, verify
+from tests.fixtures.database import events, messages
+from tests.fixtures.identity import create_user, email, latest_link, session_call, sign_in, token_of, verify
+from tests.fixtures.service import ULID, Api, Project, Response, assert_error, combined_app, scoped, serving, ts
 
-ULID = r"[0-9a-hjkmnp-tv-z]{26}"
 USER_FIELDS = {"id", "email", "email_verified", "phone_number", "phone_verified", "name",
                "metadata", "created_at", "updated_at", "last_sign_in_at"}
 
 
-def email() -> str:
-    return f"user-{secrets.token_hex(6)}@example.com"
-
-
 def phone() -> str:
     return "+1415" + str(secrets.randbelow(10**7)).zfill(7)
-
-
-async def create_user(api: Api, address: str | None = None, **fields: Any) -> dict[str, Any]:
-    r = await api.post("/v1/users", {"email": address or email(), **fields})
-    assert r.status == 201, r.body
-    return dict(r.body)
-
-
-async def scoped(project: Project, *scopes: str) -> Api:
-    """A client of ``project`` with a new key holding only ``scopes``."""
-    r = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "narrow",
-                                                "scopes": list(scopes)})
-    assert r.status == 201, r.body
-    return project.api.with_key(r.body["secret"])
-
-
-async def events(db: asyncpg.Pool, project_id: str, action: str | None = None) -> list[dict[str, Any]]:
-    """The project's audit events (of ``action``), oldest first."""
-    rows = await db.fetch(
-        """SELECT * FROM audit_events WHERE project_id = $1 AND ($2::text IS NULL OR action = $2)
-           ORDER BY created_at, id""",
-        project_id, action,
-    )
-    out = [dict(r) for r in rows]
-    for e in out:  # the db fixture's pool has no jsonb codec
-        if isinstance(e["metadata"], str):
-            e["metadata"] = orjson.loads(e["metadata"])
-    return out
-
-
-async def messages(db: asyncpg.Pool, project_id: str, destination: str, kind: str) -> int:
-    """How many outbox messages of ``kind`` the project queued for ``destination``."""
-    count = await db.fetchval(
-        "SELECT count(*) FROM messages WHERE project_id = $1 AND lower(destination) = lower($2) "
-        "AND kind = $3",
-        project_id, destination, kind,
-    )
-    return int(count)
-
-
-def ts(value: str) -> datetime:
-    assert value.endswith("Z"), value
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 # --- create -----------------------------------------------------------------------------------
