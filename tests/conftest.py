@@ -19,7 +19,7 @@ import pytest_asyncio
 
 # Plain asserts in the helper modules report their operands too (plugins get this on their own).
 pytest.register_assert_rewrite("tests.fixtures.identity", "tests.organizations.helpers",
-                               "tests.reference")
+                               "tests.engine.reference")
 
 pytest_plugins = [
     "tests.fixtures.database",
@@ -36,7 +36,7 @@ async def report_stalls(request: pytest.FixtureRequest) -> AsyncIterator[None]:
     """If a test runs past ``STALL_SECONDS``, print every asyncio task's stack to standard error
     (thread dumps show only the event loop's select; run pytest with ``-s`` to see it at once).
     This is how a stopping app that awaited a worker which had swallowed its cancellation was
-    found (asyncio.wait_for in Python 3.11; see tests/test_outbox.py)."""
+    found (asyncio.wait_for in Python 3.11; see tests/messages/test_outbox.py)."""
     loop = asyncio.get_running_loop()
 
     def dump() -> None:

@@ -1,4 +1,4 @@
-"""The magic-link landing page in a real browser (headless Chromium, tests/browser.py).
+"""The magic-link landing page in a real browser (headless Chromium, tests/fixtures/browser.py).
 
 ``GET /v1/auth/magic-link/verify`` must never redeem the link (mail scanners follow links); its
 button POSTs the token from an inline script allowed by the page's CSP nonce, and a successful

@@ -20,7 +20,7 @@ import pytest_asyncio
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests import reference
+from tests.engine import reference
 from tests.fixtures.service import Api, Project, assert_error, bootstrap_project, serving
 
 VISIBLE_WITHIN_S = 1.0
@@ -303,7 +303,7 @@ async def test_concurrent_writers_across_stores(engine: Api, proj: Project,
 
 async def _assert_matches_reference(api: Api, db: asyncpg.Pool, store: str, revision: int,
                                     specs: list[str]) -> None:
-    """At ``revision`` the engine answers every check in ``specs`` as ``tests/reference.py`` does
+    """At ``revision`` the engine answers every check in ``specs`` as ``tests/engine/reference.py`` does
     over the tuples stored in PostgreSQL."""
     tuples = [tk(t) for t in await stored(db, store)]
     results = await batch(api, store, specs, revision)

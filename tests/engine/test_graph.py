@@ -2,8 +2,8 @@
 (common/tuples.py).
 
 Plain synchronous tests: no database, no fixtures. The conformance cases are OpenFGA's, converted
-(``tests/data/conformance/openfga``); ``tests/reference.py`` is the naive evaluator the random
-graphs are checked against.
+(``tests/data/conformance/openfga``); the random graphs are checked against the naive evaluator
+``tests/engine/reference.py``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from common.tuples import (
     validate_user,
 )
 from engine.graph import CheckResult, ResolutionTooComplex, StoreGraph, check
-from tests import reference
+from tests.engine import reference
 from tests.fixtures.data import CONFORMANCE
 
 Row = tuple[str, str, str]
@@ -610,7 +610,7 @@ def test_graph_package_does_no_io() -> None:
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'aiohttp', 'asyncpg', "
             "'redis', 'socket', 'asyncio'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]", out
 
 

@@ -1,7 +1,7 @@
 """Magic-link sign-in through HTTP: send, the landing page, verify, the session envelope.
 
 Links are read from the development mailbox (the console sink of `make run`), exactly as a
-developer reads them; SMTP and SMS delivery are proven in test_outbox.py.
+developer reads them; SMTP and SMS delivery are proven in tests/messages/test_outbox.py.
 """
 
 from __future__ import annotations
