@@ -28,7 +28,7 @@ Issue 3, section 1: "first page p99 under 50 ms for each filter on its own; expo
    Then ``--export-repeats`` rounds of a full 100,000-row export and of its continuation through
    the ``Service-Next-Cursor`` header, as CSV and as JSONL (rows counted by parsing; median and
    range reported). Then ``EXPLAIN (ANALYZE, BUFFERS)`` of each filter's first-page query and of
-   the export's two queries, built by ``control_plane.audit_events.build_query`` itself.
+   the export's two queries, built by ``control_plane.audit.repository.build_query`` itself.
 5. A table (or ``--json``, which also holds every plan's text); the scratch database is dropped
    unless ``--keep-db`` or ``--reuse-db`` named it. ``--reuse-db NAME`` skips creating and
    loading (the load parameters are read back from the database's ``bench_audit_meta`` table).
@@ -1033,11 +1033,11 @@ def summarize_exports(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def explain_first_pages(url: str, spec: LoadSpec, cases: list[FilterCase]) -> list[dict[str, Any]]:
     """EXPLAIN (ANALYZE, BUFFERS) of each filter's first-page query, built by the service's own
-    query builder (``control_plane.audit_events``) for the first candidate value."""
+    query builder (``control_plane.audit.repository``) for the first candidate value."""
     try:
         build = _query_builder()
     except Exception as exc:  # the module's shape is the read-endpoint author's to choose
-        log(f"EXPLAIN skipped: no query builder found in control_plane.audit_events ({exc})")
+        log(f"EXPLAIN skipped: no query builder found in control_plane.audit ({exc})")
         return []
     out = []
     conn = await asyncpg.connect(url)
@@ -1094,14 +1094,18 @@ def _node_chain(node: dict[str, Any]) -> str:
 
 
 def _query_builder() -> Callable[[str, dict[str, str], int], tuple[str, list[Any]]]:
-    """The service's own SQL for a first page: ``audit_events.build_query`` over the listing's
-    columns with ``limit + 1`` rows (the extra row tells ``has_more``)."""
-    from control_plane import audit_events as ae
+    """The service's own SQL for a first page: ``audit.repository.build_query`` over the
+    listing's columns with ``limit + 1`` rows (the extra row tells ``has_more``)."""
+    from multidict import MultiDict
 
-    columns = getattr(ae, "_JSON_COLUMNS", "e.*")
+    from common.schemas import parse_query
+    from control_plane.audit import repository as ae
+    from control_plane.audit import service
+    from control_plane.audit.schemas import EventsQuery
 
     def build(project_id: str, query: dict[str, str], limit: int) -> tuple[str, list[Any]]:
-        sql, args = ae.build_query(columns, project_id, ae.parse_filters(query), limit=limit + 1)
+        filters = service.filters(parse_query(MultiDict(query), EventsQuery))
+        sql, args = ae.build_query(ae.JSON_COLUMNS, project_id, filters, limit=limit + 1)
         return sql, list(args)
 
     return build
@@ -1112,7 +1116,7 @@ async def explain_export(url: str, spec: LoadSpec) -> list[dict[str, Any]]:
     100,000th row (for Service-Next-Cursor) and the stream itself (CSV columns), i.e. the
     database's share of an export."""
     try:
-        from control_plane import audit_events as ae
+        from control_plane.audit import repository as ae
 
         probe_sql, probe_args = ae.build_query("e.created_at, e.id", spec.project_id, ae.Filters(),
                                                offset=EXPORT_CAP - 1, limit=2)
@@ -1125,7 +1129,7 @@ async def explain_export(url: str, spec: LoadSpec) -> list[dict[str, Any]]:
         await conn.execute("SET plan_cache_mode = force_custom_plan")
         edge = await conn.fetch(probe_sql, *probe_args)
         bound = ae.Key(edge[0]["created_at"], edge[0]["id"]) if len(edge) == 2 else None
-        stream_sql, stream_args = ae.build_query(getattr(ae, "_CSV_COLUMNS", "e.*"), spec.project_id,
+        stream_sql, stream_args = ae.build_query(ae.CSV_SELECT, spec.project_id,
                                                  ae.Filters(), bound=bound, limit=EXPORT_CAP)
         for label, sql, args in (("export_probe", probe_sql, probe_args),
                                  ("export_stream_csv", stream_sql, stream_args)):

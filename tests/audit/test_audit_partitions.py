@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from common.ids import new_id
-from control_plane.audit_partitions import add_months, manage_partitions, retention_cutoff
+from control_plane.audit.tasks import add_months, manage_partitions, retention_cutoff
 from control_plane.migrate import upgrade
 
 

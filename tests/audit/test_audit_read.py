@@ -881,7 +881,7 @@ async def test_legacy_empty_parameters_are_ignored(catalog: Fixture) -> None:
 async def test_search_expression_is_the_trigram_index(db: asyncpg.Pool) -> None:
     """``q`` uses the indexed expression verbatim: with sequential scans off, the planner can
     only satisfy it through the trigram index (a drifted expression would show a Seq Scan)."""
-    from control_plane.audit_events import SEARCH_EXPR, Filters, build_query
+    from control_plane.audit.repository import SEARCH_EXPR, Filters, build_query
 
     sql, _ = build_query("e.id", "proj_x", Filters(q="zebra"), limit=10)
     assert f"{SEARCH_EXPR} LIKE lower($2)" in sql
@@ -904,7 +904,7 @@ async def test_search_expression_is_the_trigram_index(db: asyncpg.Pool) -> None:
     ({"actor": "key_x"}, "audit_events_project_actor"),
 ])
 async def test_filters_have_their_index(db: asyncpg.Pool, filters: dict[str, Any], index: str) -> None:
-    from control_plane.audit_events import Filters, build_query
+    from control_plane.audit.repository import Filters, build_query
 
     sql, args = build_query("e.id", "proj_x", Filters(**filters), limit=10)
     async with db.acquire() as conn, conn.transaction():
@@ -924,7 +924,7 @@ async def test_cursor_secret_is_made_once_whoever_starts_first(database_url: str
     from urllib.parse import urlsplit, urlunsplit
 
     from control_plane.migrate import upgrade
-    from control_plane.pagination import load_cursor_secret
+    from control_plane.web.pagination import load_cursor_secret
 
     name = f"authio_secret_{secrets.token_hex(4)}"
     admin_url = urlunsplit(urlsplit(database_url)._replace(path="/postgres"))

@@ -98,7 +98,7 @@ def chain(n: int, user: str = "user:x", tag: str = "") -> tuple[list[str], str]:
 @asynccontextmanager
 async def own_engine(http: ClientSession, settings: Settings) -> AsyncIterator[Api]:
     """An engine app of its own (same database and Redis as ``service``), ready, then stopped."""
-    from engine.checks import create_engine_app
+    from engine.app import create_engine_app
 
     async with serving(http, create_engine_app(settings)) as api:
         yield api

@@ -33,7 +33,7 @@ VISIBLE_WITHIN_S = 1.0
 async def running_engine(http: ClientSession, settings: Settings,
                          ready: bool = True) -> AsyncIterator[Api]:
     """The engine alone on a port of its own; stopped on exit."""
-    from engine.checks import create_engine_app
+    from engine.app import create_engine_app
 
     async with serving(http, create_engine_app(settings), ready=ready) as api:
         yield api

@@ -25,8 +25,8 @@ from aiohttp import ClientSession, web
 from common import changes
 from common.auth import hash_secret
 from common.settings import load_settings
+from engine.app import create_engine_app
 from engine.appkeys import STORES
-from engine.checks import create_engine_app
 from engine.graph import check
 from engine.registry import LoadedStore, StoreRegistry
 from tests.fixtures.database import database_pool, migrated_database

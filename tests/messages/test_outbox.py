@@ -34,10 +34,11 @@ from aiohttp import ClientSession
 
 from common.devservices import ensure_services, stop_private
 from common.settings import Settings, decode_kek
-from control_plane import outbox
-from control_plane.destinations import Channel
 from control_plane.kms import LocalKms
+from control_plane.messages import service as messages
+from control_plane.messages import tasks as outbox
 from control_plane.migrate import upgrade
+from control_plane.web.schemas import Channel
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import link_in, token_of
 from tests.fixtures.peers import (
@@ -80,7 +81,7 @@ async def enqueue(pool: asyncpg.Pool, project_id: str, destination: str, *, chan
                   html: str | None = None, expires_at: datetime | timedelta | None = None) -> str:
     """One committed message, queued the way the service queues them."""
     async with pool.acquire() as conn, conn.transaction():
-        return await outbox.enqueue(
+        return await messages.enqueue(
             conn, KMS, project_id=project_id, channel=channel,
             destination=destination, kind=kind, subject=subject,
             text=text if text is not None else f"Sign in: {link()}\n", html=html,
@@ -520,7 +521,7 @@ async def test_rolled_back_enqueue_is_never_delivered(project: Project, db: asyn
 
     with pytest.raises(Abort):
         async with db.acquire() as conn, conn.transaction():
-            await outbox.enqueue(conn, KMS, project_id=project.id, channel="email", destination=lost,
+            await messages.enqueue(conn, KMS, project_id=project.id, channel="email", destination=lost,
                                  kind="signin", subject="never", text=f"never {link()}")
             raise Abort
     # A later message is delivered; the rolled-back one, queued before it, never exists.
@@ -535,7 +536,7 @@ async def test_stored_body_is_sealed_and_wiped_after_delivery(project: Project, 
     to, the_link = unique("sealed"), link()
     token = the_link.rsplit("=", 1)[1]
     async with db.acquire() as conn, conn.transaction():
-        message_id = await outbox.enqueue(conn, KMS, project_id=project.id, channel="email",
+        message_id = await messages.enqueue(conn, KMS, project_id=project.id, channel="email",
                                           destination=to, kind="signin", subject="Sign in",
                                           text=f"Sign in: {the_link}\n", html=f"<a href='{the_link}'>x</a>")
         # Read before commit, so no worker has delivered (and wiped) it yet.
@@ -543,10 +544,10 @@ async def test_stored_body_is_sealed_and_wiped_after_delivery(project: Project, 
     assert sealed is not None
     assert token.encode() not in sealed and b"Sign in" not in sealed and b"https://" not in sealed
     # It opens only with its own row's associated data.
-    body = orjson.loads(KMS.open(sealed, outbox.body_aad(message_id)))
+    body = orjson.loads(KMS.open(sealed, messages.body_aad(message_id)))
     assert body == {"subject": "Sign in", "text": f"Sign in: {the_link}\n", "html": f"<a href='{the_link}'>x</a>"}
     with pytest.raises(Exception, match="aad"):
-        KMS.open(sealed, outbox.body_aad("msg_other"))
+        KMS.open(sealed, messages.body_aad("msg_other"))
 
     [shown] = await mailbox_messages(project.api, to)
     assert the_link in shown["text"]
@@ -721,7 +722,7 @@ async def test_the_worker_always_stops_when_cancelled(
     import io
     import random
 
-    from control_plane import delivery
+    from control_plane.messages import senders as delivery
 
     settings = outbox_settings(outbox_poll_seconds=0.001)
     senders = delivery.build_senders(settings, console=delivery.ConsoleSink(stream=io.StringIO()),

@@ -29,14 +29,19 @@ from jwcrypto import jwk as jose_jwk
 from jwcrypto import jwt as jose_jwt
 from jwcrypto.common import JWException
 
-from common.appkeys import PG_POOL, SETTINGS
+from common.access_tokens import AccessClaims, KeySource
+from common.appkeys import PG_POOL, SETTINGS, SIGNING_KEYS
 from common.errors import NoSession
 from common.ids import new_id
+from common.jwks import PgKeySource
 from common.settings import Settings
-from control_plane import signing_keys
 from control_plane.appkeys import KMS, TOKENS
 from control_plane.kms import KmsError, LocalKms
-from control_plane.tokens import AccessClaims, TokenService
+from control_plane.sessions.tokens import TokenService
+from control_plane.signing_keys import crypto as signing_keys
+from control_plane.signing_keys import repository as signing_key_rows
+from control_plane.signing_keys.keyring import Keyring
+from control_plane.web.auth import verify_access
 from tests.fixtures.database import migrated_database
 from tests.fixtures.service import (
     KMS_KEY,
@@ -55,6 +60,27 @@ ORG_CLAIMS = {"act_org", "act_role"}
 
 
 @dataclass
+class Tokens:
+    """Access tokens as a control-plane process issues (its TokenService) and verifies them
+    (``verify_access`` over the published keys)."""
+
+    service: TokenService
+    keys: KeySource
+    settings: Settings
+
+    @classmethod
+    def cold(cls, pool: asyncpg.Pool, kms: LocalKms, settings: Settings) -> Tokens:
+        """Another process's, with empty caches."""
+        return cls(TokenService(Keyring(pool, kms), settings), PgKeySource(pool), settings)
+
+    async def issue(self, **claims: Any) -> str:
+        return await self.service.issue(**claims)
+
+    async def verify(self, token: str) -> AccessClaims:
+        return await verify_access(self.keys, self.settings, token)
+
+
+@dataclass
 class Served:
     """A whole app on a loopback port, with its application object (its TokenService)."""
 
@@ -62,8 +88,8 @@ class Served:
     app: web.Application
 
     @property
-    def tokens(self) -> TokenService:
-        return self.app[TOKENS]
+    def tokens(self) -> Tokens:
+        return Tokens(self.app[TOKENS], self.app[SIGNING_KEYS], self.app[SETTINGS])
 
     @property
     def settings(self) -> Settings:
@@ -112,7 +138,7 @@ async def patch_project(api: Api, body: dict[str, Any]) -> Response:
     return await api.request("PATCH", "/v1/projects/me", json=body)
 
 
-async def issue(tokens: TokenService, project_id: str, *, org: bool = False) -> tuple[str, dict[str, Any]]:
+async def issue(tokens: Tokens, project_id: str, *, org: bool = False) -> tuple[str, dict[str, Any]]:
     args: dict[str, Any] = {
         "project_id": project_id, "user_id": new_id("user"), "session_id": new_id("sess"),
         "org_id": new_id("org") if org else None, "role": "admin" if org else None,
@@ -347,7 +373,7 @@ async def test_tokens_verify_with_an_independent_library(project: Project, serve
                                     act_org=args["org_id"], act_role="admin", iat=args["iat"],
                                     exp=args["iat"] + ttl, kid=active["kid"])
     # A verifier with cold caches (another process on the same database) agrees.
-    cold = TokenService(served.app[PG_POOL], served.app[KMS], served.settings)
+    cold = Tokens.cold(served.app[PG_POOL], served.app[KMS], served.settings)
     assert await cold.verify(token) == verified
 
 
@@ -430,7 +456,7 @@ async def test_expired_and_foreign_tokens(project: Project, served: Served,
     assert caught.value.details == {"reason": "token_invalid"}
     # A deployment with another base URL (issuer) does not accept this one's tokens.
     token, _ = await issue(served.tokens, project.id)
-    elsewhere = TokenService(served.app[PG_POOL], served.app[KMS],
+    elsewhere = Tokens.cold(served.app[PG_POOL], served.app[KMS],
                              settings_factory(base_url="https://id.example.test"))
     with pytest.raises(NoSession) as caught:
         await elsewhere.verify(token)
@@ -484,8 +510,8 @@ async def test_rotated_out_key_still_verifies_in_its_overlap(project: Project, s
         "reason": "manual", "description": None}
     assert event["actor_id"] == project.key_id
     # Once past publish_until the retired key is deleted and leaves the JWKS.
-    assert await signing_keys.delete_expired_keys(served.app[PG_POOL], project_id=project.id) == []
-    assert await signing_keys.delete_expired_keys(
+    assert await signing_key_rows.delete_expired(served.app[PG_POOL], project_id=project.id) == []
+    assert await signing_key_rows.delete_expired(
         served.app[PG_POOL], project_id=project.id, now=until + timedelta(seconds=1)) == [old["kid"]]
     assert [k["kid"] for k in (await jwks(served.api, project.id)).body["keys"]] == [new["kid"]]
     assert [k["kid"] for k in await listed(api)] == [new["kid"]]
@@ -596,8 +622,8 @@ async def test_worker_prepublishes_then_rotates(tiny_rotation: Callable[..., Set
         # Retired keys are deleted once publish_until has passed (the pass's deletion step; the
         # overlap is at least 6 minutes, so the clock is moved rather than waited for).
         until = await db.fetchval("SELECT publish_until FROM signing_keys WHERE kid = $1", first)
-        assert first not in await signing_keys.delete_expired_keys(db, project_id=project.id)
-        deleted = await signing_keys.delete_expired_keys(db, project_id=project.id,
+        assert first not in await signing_key_rows.delete_expired(db, project_id=project.id)
+        deleted = await signing_key_rows.delete_expired(db, project_id=project.id,
                                                          now=until + timedelta(seconds=1))
         assert deleted == [first]
         assert first not in [k["kid"] for k in (await jwks(api, project.id)).body["keys"]]

@@ -323,7 +323,7 @@ async def test_revocation_reaches_a_separate_engine_process_through_redis(
     project: Project, settings_factory: Callable[..., Settings], http: ClientSession,
 ) -> None:
     """A separately deployed engine (own cache, TTL far above 1 s) drops the key within 1 s."""
-    from engine.checks import create_engine_app
+    from engine.app import create_engine_app
 
     running = await start_app(create_engine_app(settings_factory(api_key_cache_seconds=600)))
     try:
