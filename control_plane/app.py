@@ -48,7 +48,7 @@ from control_plane.sessions import tasks as session_tasks
 from control_plane.sessions.tokens import TokenService
 from control_plane.signing_keys import endpoints as signing_keys
 from control_plane.signing_keys import tasks as signing_key_tasks
-from control_plane.signing_keys.keyring import Keyring
+from control_plane.signing_keys.service import Keyring
 from control_plane.tenancy import endpoints as tenancy
 from control_plane.users import endpoints as users
 from control_plane.web.pagination import load_cursor_secret
@@ -80,14 +80,11 @@ def _tables(dev_mailbox: bool) -> list[RouteTable]:
     return [*ROUTES, *([messages.dev_routes] if dev_mailbox else []), meta_routes]
 
 
-def openapi_document(settings: Settings) -> bytes:
-    """The OpenAPI 3.1 document of every route the service answers under ``settings``: the
-    probes, the engine's checks, and the control plane's."""
-    return _document(settings.serves_dev_mailbox)
-
-
 @functools.cache
-def _document(dev_mailbox: bool) -> bytes:
+def openapi_document(*, dev_mailbox: bool) -> bytes:
+    """The OpenAPI 3.1 document of every route the service answers: the probes, the engine's
+    checks, and the control plane's (the development mailbox's with ``dev_mailbox``), as
+    ``document_json`` writes it."""
     tables = [health_routes, engine_routes, *_tables(dev_mailbox)]
     doc = build_document(operations(tables), title=TITLE, version=metadata.version("authio"),
                          description=DESCRIPTION,
@@ -147,7 +144,7 @@ def setup_control_plane(app: web.Application) -> None:
     app[KMS] = load_kms(settings)
     if uses_console(settings):
         app[MAILBOX] = ConsoleSink()
-    app[OPENAPI] = openapi_document(settings)
+    app[OPENAPI] = openapi_document(dev_mailbox=settings.serves_dev_mailbox)
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(_workers)
     for table in route_tables(settings):

@@ -13,14 +13,14 @@ from control_plane.kms import LocalKms
 from control_plane.magic_links.service import SendLimits
 from control_plane.messages.senders import ConsoleSink
 from control_plane.sessions.tokens import TokenService
-from control_plane.signing_keys.keyring import Keyring
+from control_plane.signing_keys.service import Keyring
 
 CURSOR_SECRET: Final = web.AppKey("cursor_secret", bytes)
 """The deployment's cursor-signing secret (``control_plane.web.pagination``)."""
 KMS: Final = web.AppKey("kms", LocalKms)
 """Envelope encryption of secrets at rest, from ``SERVICE_KMS_KEY[_FILE]``."""
 KEYRING: Final = web.AppKey("keyring", Keyring)
-"""Each project's active signing key (``control_plane.signing_keys.keyring``)."""
+"""Each project's active signing key (``control_plane.signing_keys.service``)."""
 TOKENS: Final = web.AppKey("tokens", TokenService)
 """Access-token issuing (``control_plane.sessions.tokens``)."""
 SEND_LIMITS: Final = web.AppKey("send_limits", SendLimits)

@@ -5,7 +5,7 @@
     authio serve control-plane    the control plane alone (PORT)
     authio migrate                apply pending schema migrations
     authio kms-key --file PATH    write a new key-encryption key to PATH unless it exists
-    authio openapi [--out PATH]   write the OpenAPI document (standard output by default)
+    authio openapi [--out PATH]   write the OpenAPI document of every route (default: stdout)
 
 Logs are JSON lines on standard error (common.logging); traces follow the OTEL_* variables
 (common.telemetry; spans on standard output by default).
@@ -40,11 +40,12 @@ def _write_kms_key(path: str) -> int:
 
 
 def _write_openapi(out: str | None) -> int:
-    """Write the document the service serves at ``GET /openapi.json`` under the default
-    settings of a local run (``docs/openapi.json`` is this). Returns the exit code."""
+    """Write the OpenAPI document of every route, the development mailbox's included (what a
+    local run serves at ``GET /openapi.json``; ``docs/openapi.json`` is this). Returns the exit
+    code."""
     from control_plane.app import openapi_document
 
-    document = openapi_document(load_settings())
+    document = openapi_document(dev_mailbox=True)
     if out is None:
         sys.stdout.buffer.write(document)
     else:

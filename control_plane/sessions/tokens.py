@@ -15,7 +15,7 @@ import jwt
 
 from common.access_tokens import AUDIENCE
 from common.settings import Settings
-from control_plane.signing_keys.keyring import Keyring
+from control_plane.signing_keys.service import Keyring
 
 
 class TokenService:

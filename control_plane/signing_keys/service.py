@@ -9,6 +9,11 @@ by then) → deleted once ``publish_until`` has passed.
   uses end with one key, which all of them use).
 * :func:`rotate_now`: ``POST /v1/signing-keys/rotate`` and a change of the project's
   ``signing_alg``: a new key signs at once.
+* :class:`Keyring`: each project's active key, unsealed once and kept in memory: signing costs
+  no query while its cache is warm (``active_cache_seconds``; a rotation by another process is
+  picked up that quickly, and the retired key stays published long past that). A process that
+  rotates a project's key calls :meth:`Keyring.forget`, so its next token is signed with the new
+  key at once.
 * :func:`rotation_pass`: every ``signing_key_check_seconds`` (``tasks``), a project whose active
   key is older than ``rotation_days - prepublish`` gets a pending key; once the active key is
   older than ``rotation_days`` and the pending key has been published ``prepublish`` seconds,
@@ -17,13 +22,16 @@ by then) → deleted once ``publish_until`` has passed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
 import asyncpg
 import orjson
+from cachetools import LRUCache
 
 from common.access_tokens import Alg
 from common.errors import ProjectNotFound
@@ -31,7 +39,7 @@ from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
 from control_plane.signing_keys import repository
-from control_plane.signing_keys.crypto import generate_key
+from control_plane.signing_keys.crypto import PrivateKey, generate_key, open_private_key
 from control_plane.signing_keys.schemas import SigningKey
 from control_plane.web.actor import Actor, system_actor
 
@@ -199,3 +207,69 @@ async def rotation_pass(pool: asyncpg.Pool, kms: LocalKms, settings: Settings) -
             rotated.append(activated)
     deleted = await repository.delete_expired(pool)
     return RotationPass(published, rotated, deleted)
+
+
+# --- the keyring --------------------------------------------------------------------------------
+
+ACTIVE_CACHE_SECONDS: Final = 5.0
+_CACHE_SIZE: Final = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Signer:
+    """A project's active key, ready to sign: ``kid``, ``alg`` and the private key."""
+
+    kid: str
+    alg: Alg
+    key: PrivateKey
+
+
+@dataclass(frozen=True, slots=True)
+class _Active:
+    signer: Signer
+    fresh_until: float  # time.monotonic()
+
+
+class Keyring:
+    """The active signer of each project (one per process, ``control_plane.appkeys.KEYRING``)."""
+
+    def __init__(self, pool: asyncpg.Pool, kms: LocalKms, *,
+                 active_cache_seconds: float = ACTIVE_CACHE_SECONDS) -> None:
+        self._pool, self._kms = pool, kms
+        self._active_seconds = active_cache_seconds
+        self._active: dict[str, _Active] = {}
+        self._loading: dict[str, asyncio.Task[Signer]] = {}
+        self._signers: LRUCache[str, Signer] = LRUCache(_CACHE_SIZE)
+
+    async def signer(self, project_id: str) -> Signer:
+        """The project's active signer; creates the project's first key when it has none.
+        Raises ProjectNotFound for an unknown project."""
+        cached = self._active.get(project_id)
+        if cached is not None and cached.fresh_until > time.monotonic():
+            return cached.signer
+        # One load per project at a time, however many requests are waiting for it.
+        task = self._loading.get(project_id)
+        if task is None:
+            task = asyncio.create_task(self._load_active(project_id), name=project_id)
+            self._loading[project_id] = task
+            task.add_done_callback(self._loaded)
+        return await asyncio.shield(task)
+
+    def forget(self, project_id: str) -> None:
+        """Drop the remembered active key of ``project_id`` (after this process rotated it)."""
+        self._active.pop(project_id, None)
+
+    def _loaded(self, task: asyncio.Task[Signer]) -> None:
+        self._loading.pop(task.get_name(), None)
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter gets it, and none may be left
+
+    async def _load_active(self, project_id: str) -> Signer:
+        row = await ensure_active_key(self._pool, self._kms, project_id)
+        signer = self._signers.get(row["kid"])
+        if signer is None:
+            signer = Signer(row["kid"], row["alg"],
+                            open_private_key(self._kms, row["kid"], row["private_sealed"]))
+            self._signers[signer.kid] = signer
+        self._active[project_id] = _Active(signer, time.monotonic() + self._active_seconds)
+        return signer

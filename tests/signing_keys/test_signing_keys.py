@@ -40,7 +40,7 @@ from control_plane.kms import KmsError, LocalKms
 from control_plane.sessions.tokens import TokenService
 from control_plane.signing_keys import crypto as signing_keys
 from control_plane.signing_keys import repository as signing_key_rows
-from control_plane.signing_keys.keyring import Keyring
+from control_plane.signing_keys.service import Keyring
 from control_plane.web.auth import verify_access
 from tests.fixtures.database import migrated_database
 from tests.fixtures.service import (
