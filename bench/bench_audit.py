@@ -73,7 +73,7 @@ ROOT: Final = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.auth import generate_secret, hash_secret  # noqa: E402
-from control_plane.audit_partitions import manage_partitions, retention_cutoff  # noqa: E402
+from control_plane.audit.tasks import manage_partitions, retention_cutoff  # noqa: E402
 
 DEFAULT_PG: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS: Final = "redis://127.0.0.1:6379/0"

@@ -93,7 +93,7 @@ async def run_outbox(pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
     and every ``SERVICE_OUTBOX_POLL_SECONDS``; a lost connection or database is retried with
     backoff and logged, never fatal. Cancelling abandons in-flight deliveries: their leases run
     out and some process delivers them again (at least once; receivers deduplicate on the
-    ``msg_`` id, see ``control_plane.delivery``).
+    ``msg_`` id, see ``control_plane.messages.senders``).
     """
     await _Worker(pool, kms, settings, senders).run()
 

@@ -1,14 +1,14 @@
 """In-memory tuple index of one store and the permission check over it.
 
-Semantics (SPEC.md section 4, endpoint rule 4; cross-checked against
-``shared/conformance/openfga/reference.py``): untyped direct + userset evaluation, no
-authorization model. ``check(O, R, X)`` is allowed when
+Semantics (untyped direct + userset evaluation, no authorization model; cross-checked against
+an independent naive evaluator, ``tests/engine/reference.py``, and OpenFGA's conformance cases
+in ``tests/data/conformance/openfga``). ``check(O, R, X)`` is allowed when
 
 * the store holds the tuple ``(O, R, X)`` exactly (``X`` may itself be a userset string
   such as ``"group:x#member"``), or
 * the store holds ``(O, R, "U#S")`` and ``check(U, S, X)`` holds, recursively, or
 * ``X == "O#R"``: a userset always has its own relation on its own object (the issue adds
-  this rule; the shared conformance suite leaves such checks out).
+  this rule; OpenFGA's conformance cases leave such checks out).
 
 A node is the string ``"object#relation"``; a userset user ``"U#S"`` is spelled exactly like
 the node key of ``(U, S)``, so the walk never parses strings. Depth counts nodes on a proof

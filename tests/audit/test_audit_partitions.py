@@ -1,6 +1,6 @@
 """Monthly partitions of ``audit_events`` (SPEC.md 2 "Audit event", 8 "Audit retention").
 
-``control_plane.audit_partitions.manage_partitions`` runs against real PostgreSQL. Passes with a
+``control_plane.audit.tasks.manage_partitions`` runs against real PostgreSQL. Passes with a
 ``now`` other than today drop every partition older than their retention cutoff, which would
 include the months the rest of the suite writes events into; so every test that moves ``now`` runs
 in a private database of its own (copied from a migrated template, dropped afterwards). Only

@@ -104,7 +104,7 @@ async def test_forged_store_cursor_is_invalid_request_not_a_crash(project: Proje
     import hmac
 
     await new_store(project)
-    # Signed with the deployment's real secret (the signed format of control_plane.pagination),
+    # Signed with the deployment's real secret (the signed format of control_plane.web.pagination),
     # so the checks behind the signature are reached; unsigned, they are refused before.
     secret = await db.fetchval("SELECT value FROM service_secrets WHERE name = 'cursor_hmac'")
     for values in (["stores", project.id, 7], ["stores", project.id, False],

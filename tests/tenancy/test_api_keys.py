@@ -208,7 +208,7 @@ async def test_bad_limit_or_cursor_is_invalid_request(project: Project, query: s
 
 async def _forged(db: asyncpg.Pool, project_id: str, kind: str, *key: Any,
                   secret: bytes | None = None) -> str:
-    """A cursor in the signed format (``control_plane.pagination``) holding ``kind`` and ``key``,
+    """A cursor in the signed format (``control_plane.web.pagination``) holding ``kind`` and ``key``,
     signed with the deployment's real secret unless ``secret`` is given: so the checks behind
     the signature are exercised too."""
     import base64

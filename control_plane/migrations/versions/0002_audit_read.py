@@ -9,7 +9,7 @@ partition, and on every partition attached later (the partition manager's ``ATTA
   events without a user or actor cost nothing.
 * ``q``: a GIN trigram index over the lower-cased concatenation of action, actor_id, target_id
   and metadata description joined by U+001F (a separator a query can never contain, so a match
-  never spans two fields). ``control_plane.audit_events.SEARCH_EXPR`` is the same expression,
+  never spans two fields). ``control_plane.audit.repository.SEARCH_EXPR`` is the same expression,
   character for character; a test proves the planner picks this index for it.
 * ``service_secrets``: per-deployment secrets shared by every process, created on first use
   (``cursor_hmac`` signs pagination cursors, ``control_plane.web.pagination``).
