@@ -39,6 +39,8 @@ log = logging.getLogger("authio.http")
 REQUEST_ID: Final = web.RequestKey("request_id", str)
 _INCOMING_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 _JSON: Final = "application/json"
+NO_ROUTE: Final = "No route matches this path."
+"""The message of the 404 for a path no route of the server matches."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -178,7 +180,7 @@ def _is_db_outage(exc: BaseException) -> bool:
 
 def _from_http_exception(exc: web.HTTPException) -> ServiceError:
     if exc.status == 404:
-        return NotFound("No route matches this path.")
+        return NotFound(NO_ROUTE)
     if exc.status == 405:
         allowed = sorted(getattr(exc, "allowed_methods", ()) or ())
         return MethodNotAllowed(

@@ -522,11 +522,11 @@ def _body_schema(
     fields (``allOf`` with ``RequestId``; for an object that forbids other properties, a copy of
     its schema with ``request_id`` added); for another type, its schema or a string."""
     if reply.schema is None:
-        if _is_json(reply.content_type):
-            return {"$ref": SCHEMA_REF.format(model="RequestId")}
-        return {"type": "string"}
+        if not _is_json(reply.content_type):
+            return {"type": "string"}
+        return {"$ref": SCHEMA_REF.format(model="RequestId")} if reply.envelope else {"type": "object"}
     schema = schemas[reply.schema, "serialization"]
-    if not _is_json(reply.content_type):
+    if not _is_json(reply.content_type) or not reply.envelope:
         return schema
     target = _resolve(schema, components)
     if target.get("type", "object") != "object":

@@ -40,7 +40,9 @@ class Reply:
     ``schema`` is the type of the JSON body (a dataclass or pydantic model; ``request_id`` is
     added to every JSON body by the envelope and need not be part of it), or None for a body
     that is not JSON (``content_type`` says what it is) or no body at all (``content_type``
-    None). ``headers`` names response headers worth documenting, with their meaning.
+    None). ``envelope`` False marks a JSON body the envelope does not touch (no
+    ``request_id``: a document the service serves as it is). ``headers`` names response headers
+    worth documenting, with their meaning.
     """
 
     status: int
@@ -48,6 +50,7 @@ class Reply:
     schema: Any = None
     content_type: str | None = "application/json"
     headers: Mapping[str, str] = field(default_factory=dict)
+    envelope: bool = True
 
 
 @dataclass(frozen=True, slots=True)

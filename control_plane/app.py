@@ -93,7 +93,7 @@ def openapi_document(*, dev_mailbox: bool) -> bytes:
 
 
 @meta_routes.route("GET", "/openapi.json", replies=[Reply(200, "The OpenAPI 3.1 document.",
-                                                          content_type="application/json")])
+                                                          envelope=False)])
 async def get_openapi(request: web.Request) -> web.Response:
     """The OpenAPI 3.1 document of this service (generated from its route tables)."""
     return web.Response(body=request.app[OPENAPI], content_type="application/json",
