@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -79,6 +79,18 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 
 
 POOL_CLOSE_SECONDS: Final = 10.0
+
+
+@contextlib.asynccontextmanager
+async def background(**workers: Coroutine[Any, Any, object]) -> AsyncIterator[None]:
+    """Run each of ``workers`` (its task named by its keyword) while the block runs, then
+    cancel them and wait until each has ended (``stop_tasks``): a domain's workers context."""
+    tasks = [asyncio.create_task(coro, name=name.replace("_", "-"))
+             for name, coro in workers.items()]
+    try:
+        yield
+    finally:
+        await stop_tasks(*tasks)
 
 
 async def every(interval_seconds: float, step: Callable[[], Awaitable[object]], *, what: str,

@@ -9,7 +9,6 @@ when it is created, and deleted there once past retention.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -23,7 +22,7 @@ import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.runtime import every, stop_tasks
+from common.runtime import background, every
 from common.settings import Settings
 
 log = logging.getLogger("authio.audit")
@@ -154,11 +153,7 @@ async def workers(app: web.Application) -> AsyncIterator[None]:
     pool, settings = app[PG_POOL], app[SETTINGS]
     await partition_pass(pool, settings)
     interval = settings.audit_partition_interval_seconds
-    task = asyncio.create_task(every(
-        interval, functools.partial(partition_pass, pool, settings),
-        what="audit partition pass", logger=log, first_after=interval,
-    ), name="audit-partitions")
-    try:
+    async with background(audit_partitions=every(
+            interval, functools.partial(partition_pass, pool, settings),
+            what="audit partition pass", logger=log, first_after=interval)):
         yield
-    finally:
-        await stop_tasks(task)

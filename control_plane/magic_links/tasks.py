@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.db import delete_in_batches
-from common.runtime import every, stop_tasks
+from common.runtime import background, every
 from control_plane.magic_links.repository import PURGE
 
 log = logging.getLogger("authio.magic_links")
@@ -25,13 +23,8 @@ async def purge(pool: asyncpg.Pool) -> dict[str, int]:
     return {"magic_link_tokens": await delete_in_batches(pool, PURGE)}
 
 
-@contextlib.asynccontextmanager
-async def workers(app: web.Application) -> AsyncIterator[None]:
+def workers(app: web.Application) -> AbstractAsyncContextManager[None]:
     """The purge, now and every ``SERVICE_HOUSEKEEPING_INTERVAL_SECONDS``."""
-    task = asyncio.create_task(every(
+    return background(magic_links_purge=every(
         app[SETTINGS].housekeeping_interval_seconds, functools.partial(purge, app[PG_POOL]),
-        what="magic-link purge", logger=log), name="magic-links-purge")
-    try:
-        yield
-    finally:
-        await stop_tasks(task)
+        what="magic-link purge", logger=log))

@@ -26,7 +26,7 @@ from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.db import delete_in_batches
-from common.runtime import every, stop_tasks
+from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS, MAILBOX
 from control_plane.kms import LocalKms
@@ -319,13 +319,9 @@ async def workers(app: web.Application) -> AsyncIterator[None]:
         if settings.sms_sink == "twilio":
             http = await stack.enter_async_context(aiohttp.ClientSession())
         senders = build_senders(settings, console=console, http=http)
-        tasks = [
-            asyncio.create_task(run_outbox(pool, app[KMS], settings, senders), name="outbox"),
-            asyncio.create_task(every(
-                settings.housekeeping_interval_seconds, functools.partial(purge, pool),
-                what="message purge", logger=log), name="messages-purge"),
-        ]
-        try:
+        async with background(
+            outbox=run_outbox(pool, app[KMS], settings, senders),
+            messages_purge=every(settings.housekeeping_interval_seconds,
+                                 functools.partial(purge, pool), what="message purge", logger=log),
+        ):
             yield
-        finally:
-            await stop_tasks(*tasks)

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.db import delete_in_batches
-from common.runtime import every, stop_tasks
+from common.runtime import background, every
 from control_plane.sessions.repository import PURGES
 
 log = logging.getLogger("authio.sessions")
@@ -26,13 +24,8 @@ async def purge(pool: asyncpg.Pool) -> dict[str, int]:
     return {table: await delete_in_batches(pool, sql) for table, sql in PURGES.items()}
 
 
-@contextlib.asynccontextmanager
-async def workers(app: web.Application) -> AsyncIterator[None]:
+def workers(app: web.Application) -> AbstractAsyncContextManager[None]:
     """The purge, now and every ``SERVICE_HOUSEKEEPING_INTERVAL_SECONDS``."""
-    task = asyncio.create_task(every(
+    return background(sessions_purge=every(
         app[SETTINGS].housekeeping_interval_seconds, functools.partial(purge, app[PG_POOL]),
-        what="session purge", logger=log), name="sessions-purge")
-    try:
-        yield
-    finally:
-        await stop_tasks(task)
+        what="session purge", logger=log))

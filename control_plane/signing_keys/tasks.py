@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import functools
 import logging
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.runtime import every, stop_tasks
+from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS
 from control_plane.kms import LocalKms
@@ -27,15 +26,10 @@ async def _pass(pool: asyncpg.Pool, kms: LocalKms, settings: Settings) -> None:
                  len(done.published), len(done.rotated), len(done.deleted))
 
 
-@contextlib.asynccontextmanager
-async def workers(app: web.Application) -> AsyncIterator[None]:
+def workers(app: web.Application) -> AbstractAsyncContextManager[None]:
     """Run the rotation worker while the app runs (a failed pass is retried at the next check)."""
-    pool, kms, settings = app[PG_POOL], app[KMS], app[SETTINGS]
-    task = asyncio.create_task(every(
-        settings.signing_key_check_seconds, lambda: _pass(pool, kms, settings),
-        what="signing key rotation pass", logger=log,
-    ), name="signing-key-rotation")
-    try:
-        yield
-    finally:
-        await stop_tasks(task)
+    settings = app[SETTINGS]
+    return background(signing_key_rotation=every(
+        settings.signing_key_check_seconds,
+        functools.partial(_pass, app[PG_POOL], app[KMS], settings),
+        what="signing key rotation pass", logger=log))
