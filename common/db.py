@@ -71,6 +71,14 @@ class Params:
         n = self._names.setdefault(name, len(self._names) + 1)
         return f"${n}"
 
+    def copy(self) -> Params:
+        """Another allocator holding the same values so far: the shared start of statements
+        that go on differently."""
+        other = Params()
+        other.values = list(self.values)
+        other._names = dict(self._names)
+        return other
+
     @property
     def names(self) -> tuple[str, ...]:
         """The named parameters in ``$n`` order."""

@@ -22,8 +22,15 @@ COLUMNS: Final = ("id", "action", "actor_type", "actor_id", "user_id", "project_
                   "target_type", "target_id", "ip", "user_agent", "description", "api_key_id",
                   "metadata")
 """The columns an insert writes (``created_at`` is the database's ``now()``)."""
-_INSERT: Final = (f"INSERT INTO audit_events ({', '.join(COLUMNS)}) "
-                  f"VALUES ({', '.join(f'${i}' for i in range(1, len(COLUMNS) + 1))})")
+
+
+def _insert_statement() -> tuple[str, Params]:
+    p = Params()
+    return (f"INSERT INTO audit_events ({', '.join(COLUMNS)}) "
+            f"VALUES ({', '.join(p[c] for c in COLUMNS)})"), p
+
+
+_INSERT, _INSERT_PARAMS = _insert_statement()
 
 CSV_COLUMNS: Final = ("id", "created_at", "action", "actor_type", "actor_id", "user_id",
                       "project_id", "target_type", "target_id", "ip", "user_agent", "description")
@@ -67,7 +74,7 @@ CSV_SELECT: Final = ", ".join(
 
 async def insert(conn: asyncpg.Connection, values: dict[str, object]) -> None:
     """Insert one event; ``values`` holds every name of ``COLUMNS``."""
-    await conn.execute(_INSERT, *(values[c] for c in COLUMNS))
+    await conn.execute(_INSERT, *_INSERT_PARAMS.bind(values))
 
 
 def insert_from(source: str, p: Params, *, name: str = "event", more_metadata: str = "") -> str:
@@ -214,12 +221,11 @@ actions, not of events."""
 
 @dataclass(frozen=True, slots=True)
 class LegacySql:
-    """The legacy listing's SQL pieces: ``where`` over alias ``e`` with ``args``; ``at`` is the
-    placeholder after them (the limit, or the timestamp of a tie group)."""
+    """The legacy listing's condition over alias ``e``, and the parameters it placed: each
+    statement built on it places its own from ``params.copy()``."""
 
     where: str
-    args: list[object]
-    at: str
+    params: Params
     order: str = "ORDER BY e.created_at DESC, e.id DESC"
 
 
@@ -233,4 +239,4 @@ def legacy_query(project_id: str, *, before: datetime | None,
         conds.append(f"e.created_at < {p(before)}")
     if action_prefix:
         conds.append(f"e.action LIKE {p(like_literal(action_prefix) + '%')}")
-    return LegacySql(" AND ".join(conds), p.values, f"${len(p.values) + 1}")
+    return LegacySql(" AND ".join(conds), p)

@@ -163,7 +163,8 @@ async def legacy_events(pool: asyncpg.Pool, project_id: str,
     select = f"SELECT {repository.JSON_COLUMNS} FROM audit_events e WHERE {q.where}"
     async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
         await repository.custom_plans(conn)
-        rows = await conn.fetch(f"{select} {q.order} LIMIT {q.at}", *q.args, limit + 1)
+        p = q.params.copy()
+        rows = await conn.fetch(f"{select} {q.order} LIMIT {p(limit + 1)}", *p.values)
         has_more = len(rows) > limit
         page = [AuditEvent(**r) for r in rows[:limit]]
         if has_more and rows[limit]["created_at"] == page[-1].created_at:
@@ -173,12 +174,14 @@ async def legacy_events(pool: asyncpg.Pool, project_id: str,
                 page = kept
             else:  # one timestamp fills the page: return its whole group
                 tie_at = datetime.fromisoformat(tie)
-                group = await conn.fetch(f"{select} AND e.created_at = {q.at} {q.order}",
-                                         *q.args, tie_at)
+                p = q.params.copy()
+                group = await conn.fetch(
+                    f"{select} AND e.created_at = {p(tie_at)} {q.order}", *p.values)
                 page = [AuditEvent(**r) for r in group]
+                p = q.params.copy()
                 has_more = await conn.fetchval(
                     f"SELECT EXISTS (SELECT 1 FROM audit_events e WHERE {q.where}"
-                    f" AND e.created_at < {q.at})", *q.args, tie_at)
+                    f" AND e.created_at < {p(tie_at)})", *p.values)
     return LegacyPage(page, page[-1].created_at if has_more else None, has_more)
 
 
