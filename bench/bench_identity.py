@@ -99,7 +99,7 @@ from bench_http import (  # noqa: E402
 
 from common.auth import token_digest  # noqa: E402
 from common.ids import new_id  # noqa: E402
-from control_plane.magic_links import VERIFY_PATH  # noqa: E402
+from control_plane.magic_links.service import VERIFY_PATH  # noqa: E402
 
 DEFAULT_PG: Final = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS: Final = "redis://127.0.0.1:6379/0"
