@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-WITH_SERVICES = $(PY) -m common.devservices exec --
+WITH_SERVICES = $(PY) -m devtools exec --
 
 .PHONY: run test lint lock clean-run
 
@@ -37,8 +37,8 @@ test: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy common engine control_plane
+	$(VENV)/bin/mypy common engine control_plane devtools
 
 clean-run:
-	-$(PY) -m common.devservices stop
+	-$(PY) -m devtools stop
 	rm -rf .run

@@ -1,7 +1,7 @@
 """A real browser for tests of the pages we serve: headless Chromium driven by Selenium.
 
 Debian's ``chromium`` and ``chromedriver`` (package ``chromium-driver``) are used, installed with
-apt-get when missing (as :mod:`common.devservices` installs PostgreSQL), so ``make test`` on a
+apt-get when missing (as :mod:`devtools` installs PostgreSQL), so ``make test`` on a
 fresh machine needs no manual step. Selenium Manager never runs: the driver path is given, so
 nothing is downloaded from outside PyPI and Debian.
 
@@ -24,7 +24,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 
-from common.devservices import DevServicesError, apt_install
+from devtools import DevServicesError, apt_install
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -45,7 +45,7 @@ def ensure_chromium() -> tuple[str, str]:
     """``(chromium, chromedriver)`` paths (``/usr/bin/chromium``, ``/usr/bin/chromedriver``).
 
     When either is missing, installs the Debian packages ``chromium`` and ``chromium-driver``
-    with :func:`common.devservices.apt_install` (a minute or two, once per machine). Raises
+    with :func:`devtools.apt_install` (a minute or two, once per machine). Raises
     :class:`BrowserUnavailable` when that is impossible (not root, no apt-get) or fails.
     """
     if _present():

@@ -1,4 +1,4 @@
-"""The fresh-machine path of ``common.devservices``, for real (no mocks).
+"""The fresh-machine path of ``devtools``, for real (no mocks).
 
 Every run forces private PostgreSQL and Redis instances on free ports of their own in a fresh
 temporary directory, so the path a machine with nothing running takes is proven on every CI run,
@@ -21,7 +21,7 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from common.devservices import DevServicesError, ServiceUrls, ensure_services, stop_private
+from devtools import DevServicesError, ServiceUrls, ensure_services, stop_private
 from tests.conftest import free_ports
 
 

@@ -41,12 +41,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from common.devservices import ensure_services, stop_private
 from common.settings import Settings, decode_kek
 from control_plane import outbox
 from control_plane.destinations import Channel
 from control_plane.kms import LocalKms
 from control_plane.migrate import upgrade
+from devtools import ensure_services, stop_private
 from tests.conftest import (
     BOOTSTRAP_TOKEN,
     KMS_KEY,

@@ -39,9 +39,9 @@ stops them. Concurrent calls on the same ``run_dir`` are serialized with a lock 
 
 Command line (logs go to stderr, only shell code goes to stdout)::
 
-    python -m common.devservices ensure [--force-private] [--run-dir .run]   # prints exports
-    python -m common.devservices exec [--force-private] [--run-dir .run] -- CMD [ARG...]
-    python -m common.devservices stop [--run-dir .run]
+    python -m devtools ensure [--force-private] [--run-dir .run]   # prints exports
+    python -m devtools exec [--force-private] [--run-dir .run] -- CMD [ARG...]
+    python -m devtools stop [--run-dir .run]
 
 ``ensure`` prints ``export DATABASE_URL=...`` and ``export REDIS_URL=...``; ``exec`` sets both in
 the environment and replaces itself with ``CMD``. Both read ``DATABASE_URL`` / ``REDIS_URL`` from
@@ -77,6 +77,7 @@ __all__ = [
     "DATABASE_NAME",
     "DevServicesError",
     "ServiceUrls",
+    "apt_install",
     "ensure_services",
     "main",
     "stop_private",
@@ -93,7 +94,7 @@ LOCALHOST = "127.0.0.1"
 PG_DIR, PG_INIT_DIR, PG_LOG = "pg", "pg.init", "pg.log"
 REDIS_DIR, REDIS_PIDFILE, REDIS_LOGFILE, REDIS_PORTFILE = "redis", "redis.pid", "redis.log", "port"
 LOCK_FILE = ".lock"
-PG_MARKER = "# --- authio devservices: private development cluster ---"
+PG_MARKER = "# --- authio devtools: private development cluster ---"
 
 _T = TypeVar("_T")
 Log = Callable[[str], None]
@@ -163,7 +164,7 @@ def ensure_services(
     db: str | None = None
     rd: str | None = None
     if force_private:
-        log("devservices: --force-private: using private instances only")
+        log("devtools: --force-private: using private instances only")
     else:
         if database_url is not None:
             error = _pg_check(database_url, wait=connect_timeout)
@@ -171,7 +172,7 @@ def ensure_services(
                 raise DevServicesError(
                     f"DATABASE_URL={_redact(database_url)} does not answer within {connect_timeout:g} s: {error}"
                 )
-            log(f"devservices: postgres: using DATABASE_URL={_redact(database_url)}")
+            log(f"devtools: postgres: using DATABASE_URL={_redact(database_url)}")
             db = database_url
         else:
             db = _try_local_pg(pg_port, log)
@@ -181,7 +182,7 @@ def ensure_services(
                 raise DevServicesError(
                     f"REDIS_URL={_redact(redis_url)} does not answer within {connect_timeout:g} s: {error}"
                 )
-            log(f"devservices: redis: using REDIS_URL={_redact(redis_url)}")
+            log(f"devtools: redis: using REDIS_URL={_redact(redis_url)}")
             rd = redis_url
         else:
             rd = _try_local_redis(redis_port, log)
@@ -361,31 +362,31 @@ def _redact(url: str) -> str:
 def _try_local_pg(port: int, log: Log) -> str | None:
     """The default local PostgreSQL URL if it answers and lets ``postgres`` in, else ``None``."""
     if not _tcp_open(port):
-        log(f"devservices: postgres: nothing answers on {LOCALHOST}:{port}")
+        log(f"devtools: postgres: nothing answers on {LOCALHOST}:{port}")
         return None
     error = _pg_check(_pg_url(port, "postgres"), wait=3.0, create_db=DATABASE_NAME)
     if error is not None:
         log(
-            f"devservices: postgres: {LOCALHOST}:{port} answers but is not usable "
+            f"devtools: postgres: {LOCALHOST}:{port} answers but is not usable "
             f"(user {PG_SUPERUSER}, no password): {error}"
         )
         return None
     url = _pg_url(port, DATABASE_NAME)
-    log(f"devservices: postgres: using the local server, {url}")
+    log(f"devtools: postgres: using the local server, {url}")
     return url
 
 
 def _try_local_redis(port: int, log: Log) -> str | None:
     """The default local Redis URL if it answers ``PING`` without a password, else ``None``."""
     if not _tcp_open(port):
-        log(f"devservices: redis: nothing answers on {LOCALHOST}:{port}")
+        log(f"devtools: redis: nothing answers on {LOCALHOST}:{port}")
         return None
     url = _redis_url(port)
     error = _redis_check(url, wait=3.0)
     if error is not None:
-        log(f"devservices: redis: {LOCALHOST}:{port} answers but is not usable: {error}")
+        log(f"devtools: redis: {LOCALHOST}:{port} answers but is not usable: {error}")
         return None
-    log(f"devservices: redis: using the local server, {url}")
+    log(f"devtools: redis: using the local server, {url}")
     return url
 
 
@@ -490,7 +491,7 @@ def _pg_service_user(data_dir: Path, log: Log) -> _User | None:
         with contextlib.suppress(KeyError):
             return _user_from_pw(pwd.getpwnam(name))
     useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-    log(f"devservices: creating system user {FALLBACK_SYSTEM_USER!r} to run PostgreSQL (not root)")
+    log(f"devtools: creating system user {FALLBACK_SYSTEM_USER!r} to run PostgreSQL (not root)")
     _run(
         [
             useradd,
@@ -539,7 +540,7 @@ def _ensure_traversable(path: Path, user: _User | None, log: Log) -> None:
         if not st.st_mode & bit:
             mode = stat.S_IMODE(st.st_mode) | bit
             log(
-                f"devservices: chmod {mode:o} {directory} so that user {user.name!r} "
+                f"devtools: chmod {mode:o} {directory} so that user {user.name!r} "
                 "can reach the private PostgreSQL data directory"
             )
             directory.chmod(mode)
@@ -606,7 +607,7 @@ def apt_install(packages: list[str], *, log: Log, unable: str) -> None:
     if os.geteuid() != 0 or apt_get is None:
         why = "not running as root" if os.geteuid() != 0 else "apt-get is not available"
         raise DevServicesError(unable.format(why=why, wanted=wanted))
-    log(f"devservices: installing {wanted} with apt-get (this can take a minute)")
+    log(f"devtools: installing {wanted} with apt-get (this can take a minute)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for cmd in (
         [apt_get, "update"],
@@ -695,7 +696,7 @@ def _init_pg_cluster(run_dir: Path, bindir: Path, user: _User | None, log: Log) 
         shutil.rmtree(staging)
     staging.mkdir(mode=0o700)
     _give_to(staging, user)
-    log(f"devservices: postgres: initdb {run_dir / PG_DIR} ({bindir})")
+    log(f"devtools: postgres: initdb {run_dir / PG_DIR} ({bindir})")
     _run(
         [
             str(bindir / "initdb"),
@@ -744,14 +745,14 @@ def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
     if status == 0 and running is not None:
         actual_port = running[1]
         if actual_port != port:
-            log(f"devservices: postgres: private instance already runs on port {actual_port} (not {port}); reusing it")
+            log(f"devtools: postgres: private instance already runs on port {actual_port} (not {port}); reusing it")
         error = _pg_check(_pg_url(actual_port, "postgres"), wait=10.0, create_db=DATABASE_NAME)
         if error is None:
-            log(f"devservices: postgres: reusing private instance on {LOCALHOST}:{actual_port}")
+            log(f"devtools: postgres: reusing private instance on {LOCALHOST}:{actual_port}")
             return actual_port, False
         raise DevServicesError(
             f"the private PostgreSQL in {data_dir} runs but does not answer on port "
-            f"{actual_port} ({error}); stop it with `python -m common.devservices stop`"
+            f"{actual_port} ({error}); stop it with `python -m devtools stop`"
         )
 
     if _tcp_open(port):
@@ -791,7 +792,7 @@ def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
         )
     owner = f" as user {user.name!r}" if user is not None else ""
     log(
-        f"devservices: postgres: started private instance on {LOCALHOST}:{port}{owner} in "
+        f"devtools: postgres: started private instance on {LOCALHOST}:{port}{owner} in "
         f"{time.monotonic() - began:.1f} s (data {data_dir}, log {log_file})"
     )
     return port, True
@@ -815,7 +816,7 @@ def _stop_private_pg(run_dir: Path, log: Log) -> None:
     else:  # binaries gone: SIGINT is what "pg_ctl stop -m fast" sends
         os.kill(pid, signal.SIGINT)
         _wait_until(lambda: not _pid_alive(pid), 60.0, f"PostgreSQL (pid {pid}) to stop")
-    log(f"devservices: postgres: stopped private instance on {LOCALHOST}:{port}")
+    log(f"devtools: postgres: stopped private instance on {LOCALHOST}:{port}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -856,12 +857,12 @@ def _ensure_private_redis(run_dir: Path, port: int, log: Log) -> tuple[int, bool
         error = _redis_check(_redis_url(actual_port), wait=5.0)
         if error is None:
             if actual_port != port:
-                log(f"devservices: redis: private instance already runs on port {actual_port} (not {port}); reusing it")
-            log(f"devservices: redis: reusing private instance on {LOCALHOST}:{actual_port}")
+                log(f"devtools: redis: private instance already runs on port {actual_port} (not {port}); reusing it")
+            log(f"devtools: redis: reusing private instance on {LOCALHOST}:{actual_port}")
             return actual_port, False
         raise DevServicesError(
             f"the private Redis (pid {running[0]}) runs but does not answer on port "
-            f"{actual_port} ({error}); stop it with `python -m common.devservices stop`"
+            f"{actual_port} ({error}); stop it with `python -m devtools stop`"
         )
     if _tcp_open(port):
         raise DevServicesError(
@@ -903,7 +904,7 @@ def _ensure_private_redis(run_dir: Path, port: int, log: Log) -> tuple[int, bool
     if error is not None:
         raise DevServicesError(f"the private Redis did not come up on port {port}: {error}\n{_tail(logfile)}")
     log(
-        f"devservices: redis: started private instance on {LOCALHOST}:{port} in "
+        f"devtools: redis: started private instance on {LOCALHOST}:{port} in "
         f"{time.monotonic() - began:.1f} s (dir {redis_dir})"
     )
     return port, True
@@ -926,7 +927,7 @@ def _stop_private_redis(run_dir: Path, log: Log) -> None:
         os.kill(pid, signal.SIGTERM)
         _wait_until(lambda: not _pid_alive(pid), 10.0, f"Redis (pid {pid}) to stop after SIGTERM")
     (redis_dir / REDIS_PIDFILE).unlink(missing_ok=True)
-    log(f"devservices: redis: stopped private instance on {LOCALHOST}:{port}")
+    log(f"devtools: redis: stopped private instance on {LOCALHOST}:{port}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -939,7 +940,7 @@ def _stderr(message: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m common.devservices",
+        prog="python -m devtools",
         description="Provide PostgreSQL and Redis for `make run` / `make test`.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -994,7 +995,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log=_stderr,
         )
     except DevServicesError as exc:
-        _stderr(f"devservices: error: {exc}")
+        _stderr(f"devtools: error: {exc}")
         return 1
     if args.command == "ensure":
         print(f"export DATABASE_URL={shlex.quote(urls.database_url)}")
@@ -1004,15 +1005,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        _stderr("devservices: error: exec needs a command: exec -- CMD [ARG...]")
+        _stderr("devtools: error: exec needs a command: exec -- CMD [ARG...]")
         return 2
     env = dict(os.environ, DATABASE_URL=urls.database_url, REDIS_URL=urls.redis_url)
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
-        _stderr(f"devservices: error: cannot run {command[0]}: {exc}")
+        _stderr(f"devtools: error: cannot run {command[0]}: {exc}")
         return 127
 
-
-if __name__ == "__main__":
-    sys.exit(main())
