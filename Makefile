@@ -9,16 +9,9 @@ WITH_SERVICES = $(PY) -m devtools exec --
 
 .PHONY: run test lint lock clean-run
 
+# One line per step; a failed step stops with a message (devtools/bootstrap.sh).
 $(VENV)/.installed: pyproject.toml constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
-	  { echo "authio needs Python 3.11 or newer; '$(PYTHON)' is $$($(PYTHON) --version 2>&1)." \
-	         "Run with PYTHON=/path/to/python3.11" >&2; exit 1; }
-	@$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-dev; }
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	@touch $@
+	@bash devtools/bootstrap.sh '$(PYTHON)' '$(VENV)'
 
 # Re-resolve the newest versions pyproject.toml allows and record them in constraints.txt.
 lock:
@@ -28,7 +21,7 @@ lock:
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 run: $(VENV)/.installed
-	@mkdir -p .run && { [ -n "$$SERVICE_KMS_KEY$$SERVICE_KMS_KEY_FILE" ] || $(VENV)/bin/authio kms-key --file .run/kms.key >/dev/null; }
+	@mkdir -p .run && { [ -n "$$SERVICE_KMS_KEY$$SERVICE_KMS_KEY_FILE" ] || [ -f .run/kms.key ] || $(VENV)/bin/authio kms-key --file .run/kms.key; }
 	@OTEL_EXPORTER=$${OTEL_EXPORTER:-none} SERVICE_KMS_KEY_FILE=$${SERVICE_KMS_KEY_FILE:-$$([ -n "$$SERVICE_KMS_KEY" ] || echo .run/kms.key)} \
 	  $(WITH_SERVICES) sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
 
