@@ -16,6 +16,7 @@ from devtools.services import (
     ServiceUrls,
     apt_install,
     ensure_services,
+    remove_private,
     stop_private,
 )
 
@@ -25,5 +26,6 @@ __all__ = [
     "ServiceUrls",
     "apt_install",
     "ensure_services",
+    "remove_private",
     "stop_private",
 ]

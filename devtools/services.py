@@ -27,11 +27,30 @@ For each service, :func:`ensure_services` picks the first that applies:
    installed with ``apt-get`` when running as root; otherwise the error says what to install.
    ``force_private=True`` skips steps 1 and 2 (this is how the test proves the fresh-machine path).
 
-PostgreSQL refuses to run as root. As root, the cluster is created and run as an unprivileged
-user: the owner of an existing ``run_dir/pg``, else the ``postgres`` system user, else a system
-user ``authio`` created with ``useradd``. The data directory and log file are chowned to that
-user, and any directory above ``run_dir/pg`` that user cannot traverse gets the execute (search)
-bit it lacks; each such change is logged. Redis runs as the calling user.
+Where the private cluster lives, and as whom it runs. PostgreSQL refuses to run as root, and
+devtools never changes the permissions of a directory it did not create (the project may sit in
+a home directory closed to other users, such as ``/root``):
+
+* Not root: the server runs as the calling user, with its data in ``run_dir/pg`` and its log in
+  ``run_dir/pg.log``.
+* Root: the server runs as an unprivileged user: the owner of an existing cluster, else the
+  ``postgres`` system user, else a system user ``authio`` created with ``useradd``. That user
+  may not be able to reach ``run_dir``, so the cluster gets a home of its own that it can reach:
+  ``/var/lib/authio-dev/<key>/`` (:data:`STATE_DIR`; ``<key>``: 16 hex digits of the SHA-256 of
+  ``run_dir``), owned by that user with mode ``0700``, holding ``pg/`` (the data directory),
+  ``pg.log`` and ``run-dir`` (the path of the run directory it belongs to). ``run_dir/pg`` and
+  ``run_dir/pg.log`` are symbolic links to them; all commands address the cluster by its real
+  path. ``/var/lib/authio-dev`` itself is created root-owned ``0755``, and refused if anyone
+  but root may write to it.
+
+  A cluster made inside ``run_dir`` by an earlier version stays there when its owner can reach
+  it as things stand, and is moved to its home otherwise. A home whose run directory no longer
+  links to it (the run directory was deleted) is deleted when no server runs from it, by any
+  later call that needs a private cluster as root; a new run directory at the path of a deleted
+  one never reuses the old cluster (the local KMS key that went with it is gone).
+  :func:`remove_private` deletes a run directory's cluster, home included.
+
+Redis runs as the calling user, in ``run_dir/redis``.
 
 Private instances keep running after the call so later runs reuse them; :func:`stop_private`
 stops them. Concurrent calls on the same ``run_dir`` are serialized with a lock file
@@ -55,6 +74,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import os
 import pwd
 import re
@@ -80,6 +100,7 @@ __all__ = [
     "apt_install",
     "ensure_services",
     "main",
+    "remove_private",
     "stop_private",
 ]
 
@@ -94,6 +115,10 @@ LOCALHOST = "127.0.0.1"
 PG_DIR, PG_INIT_DIR, PG_LOG = "pg", "pg.init", "pg.log"
 REDIS_DIR, REDIS_PIDFILE, REDIS_LOGFILE, REDIS_PORTFILE = "redis", "redis.pid", "redis.log", "port"
 LOCK_FILE = ".lock"
+STATE_DIR = Path("/var/lib/authio-dev")
+"""As root: where private clusters live that their service user could not reach in the run
+directory (one home per run directory, owned by that user; see the module docstring)."""
+STATE_MARKER = "run-dir"
 PG_MARKER = "# --- authio devtools: private development cluster ---"
 
 _T = TypeVar("_T")
@@ -208,10 +233,10 @@ def stop_private(run_dir: Path, *, log: Log = print) -> None:
     """Stop the private PostgreSQL and Redis started under ``run_dir``, if they run.
 
     PostgreSQL: ``pg_ctl stop -m fast`` (or SIGINT to the postmaster when no ``pg_ctl`` is
-    found); Redis: ``SHUTDOWN NOSAVE`` (SIGTERM if it does not exit within 10 s). Data stays in
-    ``run_dir``; the next :func:`ensure_services` starts them again without a new initdb. Does
-    nothing for services that are not running. Raises :class:`DevServicesError` if a service
-    does not stop.
+    found); Redis: ``SHUTDOWN NOSAVE`` (SIGTERM if it does not exit within 10 s). The data is
+    kept; the next :func:`ensure_services` starts them again without a new initdb. Does nothing
+    for services that are not running. Raises :class:`DevServicesError` if a service does not
+    stop.
     """
     run_dir = Path(run_dir).absolute()
     if not run_dir.is_dir():
@@ -219,6 +244,31 @@ def stop_private(run_dir: Path, *, log: Log = print) -> None:
     with _locked(run_dir):
         _stop_private_pg(run_dir, log)
         _stop_private_redis(run_dir, log)
+
+
+def remove_private(run_dir: Path, *, log: Log = print) -> None:
+    """Stop the private PostgreSQL and Redis of ``run_dir`` and delete their data: the cluster
+    (also its home in :data:`STATE_DIR`, as root), its log and the Redis directory. Other files
+    in ``run_dir`` stay. Does nothing when ``run_dir`` does not exist."""
+    run_dir = Path(run_dir).absolute()
+    if not run_dir.is_dir():
+        return
+    with _locked(run_dir):
+        _stop_private_pg(run_dir, log)
+        _stop_private_redis(run_dir, log)
+        link = run_dir / PG_DIR
+        home = _state_home(link)
+        if home is not None and home.exists():
+            with _locked_state():
+                shutil.rmtree(home)
+            log(f"devtools: postgres: deleted {home}")
+        for name in (PG_DIR, PG_LOG, PG_INIT_DIR, REDIS_DIR):
+            path = run_dir / name
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.is_dir():
+                shutil.rmtree(path)
+    log(f"devtools: deleted the private PostgreSQL and Redis data of {run_dir}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -521,14 +571,9 @@ def _give_to(path: Path, user: _User | None) -> None:
                     os.chown(os.path.join(root, name), user.uid, user.gid, follow_symlinks=False)
 
 
-def _ensure_traversable(path: Path, user: _User | None, log: Log) -> None:
-    """Give ``user`` the search (x) permission on every directory from ``/`` down to ``path``.
-
-    Only the one permission class that applies to ``user`` (owner, group or other) is changed,
-    and only where it lacks ``x``; each change is logged.
-    """
-    if user is None:
-        return
+def _reachable(path: Path, user: _User) -> bool:
+    """Whether ``user`` may search (``x``) every directory from ``/`` down to ``path``, as the
+    modes and owners stand (only the one permission class that applies to ``user`` counts)."""
     for directory in [*reversed(path.parents), path]:
         st = directory.stat()
         if st.st_uid == user.uid:
@@ -538,12 +583,120 @@ def _ensure_traversable(path: Path, user: _User | None, log: Log) -> None:
         else:
             bit = stat.S_IXOTH
         if not st.st_mode & bit:
-            mode = stat.S_IMODE(st.st_mode) | bit
-            log(
-                f"devtools: chmod {mode:o} {directory} so that user {user.name!r} "
-                "can reach the private PostgreSQL data directory"
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked_state() -> Iterator[None]:
+    """Hold the lock of :data:`STATE_DIR` (creating it, root-owned ``0755``, when missing)."""
+    try:
+        if not STATE_DIR.exists():
+            STATE_DIR.mkdir()
+            STATE_DIR.chmod(0o755)  # ours: whatever the umask, the service user must pass
+        st = STATE_DIR.lstat()
+    except OSError as exc:
+        raise DevServicesError(f"cannot create {STATE_DIR} for the private PostgreSQL: {exc}") from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise DevServicesError(
+            f"{STATE_DIR} must be a directory owned by root and writable by root only; it is not, so "
+            "devtools will not keep PostgreSQL clusters there: remove it or fix its owner and mode"
+        )
+    with _locked(STATE_DIR):
+        yield
+
+
+def _state_home(link: Path) -> Path | None:
+    """The cluster home in :data:`STATE_DIR` that ``run_dir/pg`` links to, if it is such a link."""
+    if not link.is_symlink():
+        return None
+    target = Path(os.readlink(link))
+    home = target.parent
+    if target.name != PG_DIR or home.parent != STATE_DIR or not re.fullmatch(r"[0-9a-f]{16}", home.name):
+        return None
+    return home
+
+
+@dataclass(frozen=True)
+class _PgPlace:
+    """Where a private cluster lives: ``home`` holds the data directory and the server log."""
+
+    home: Path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / PG_DIR
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / PG_LOG
+
+
+def _pg_place(run_dir: Path, user: _User | None, log: Log) -> _PgPlace:
+    """Where the private cluster of ``run_dir`` lives, making its home if needed (see the module
+    docstring): ``run_dir`` itself when ``user`` is the caller (``None``) or can reach it as
+    things stand, else a home of its own in :data:`STATE_DIR` linked from ``run_dir``."""
+    link = run_dir / PG_DIR
+    if user is None:
+        return _PgPlace(run_dir)
+    with _locked_state():
+        _collect_orphans(log)
+    home = _state_home(link)
+    if home is not None and home.is_dir():
+        marker = home / STATE_MARKER
+        with contextlib.suppress(OSError):
+            if marker.read_text().strip() == str(run_dir):
+                return _PgPlace(home)
+        with _locked_state():  # the project moved: its home follows it
+            marker.write_text(f"{run_dir}\n")
+        return _PgPlace(home)
+    if link.is_symlink():  # dangling (its home was deleted) or not ours: start afresh
+        link.unlink()
+    if link.exists() and _reachable(link, user):
+        return _PgPlace(run_dir)  # a cluster made in run_dir, reachable as it is
+    with _locked_state():
+        home = STATE_DIR / hashlib.sha256(str(run_dir).encode()).hexdigest()[:16]
+        if home.exists():  # left by an earlier run dir of this path, deleted since: never reused
+            _stop_pg_cluster(home / PG_DIR, log)
+            shutil.rmtree(home)
+        home.mkdir(mode=0o700)
+        os.chown(home, user.uid, user.gid)
+        if not _reachable(home, user):
+            shutil.rmtree(home)
+            raise DevServicesError(
+                f"user {user.name!r} cannot reach {home} (a directory above it is closed to it), and devtools "
+                "changes no permissions there: set DATABASE_URL to a running PostgreSQL instead"
             )
-            directory.chmod(mode)
+        (home / STATE_MARKER).write_text(f"{run_dir}\n")
+        if link.exists():  # an older cluster inside run_dir that user cannot reach: move it out
+            log(f"devtools: postgres: moving {link} to {home / PG_DIR}, where user {user.name!r} can reach it")
+            shutil.move(link, home / PG_DIR)
+            if (run_dir / PG_LOG).exists() and not (run_dir / PG_LOG).is_symlink():
+                shutil.move(run_dir / PG_LOG, home / PG_LOG)
+        link.symlink_to(home / PG_DIR)
+    (run_dir / PG_LOG).unlink(missing_ok=True)
+    (run_dir / PG_LOG).symlink_to(home / PG_LOG)
+    return _PgPlace(home)
+
+
+def _collect_orphans(log: Log) -> None:
+    """Delete the cluster homes in :data:`STATE_DIR` that their run directory no longer links to
+    (it was deleted, or moved and not used since) and whose server is not running. The caller
+    holds :func:`_locked_state`."""
+    for home in STATE_DIR.iterdir():
+        if not re.fullmatch(r"[0-9a-f]{16}", home.name) or home.is_symlink() or not home.is_dir():
+            continue
+        try:
+            owner = Path((home / STATE_MARKER).read_text().strip())
+        except OSError:
+            continue
+        if _state_home(owner / PG_DIR) == home:
+            continue
+        running = _postmaster_pid_file(home / PG_DIR)
+        if running is not None and _pid_alive(running[0]):
+            continue
+        shutil.rmtree(home, ignore_errors=True)
+        log(f"devtools: postgres: deleted {home}, the private cluster of {owner}, which is gone")
 
 
 # --------------------------------------------------------------------------------------------
@@ -685,18 +838,18 @@ def _pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _init_pg_cluster(run_dir: Path, bindir: Path, user: _User | None, log: Log) -> None:
-    """``initdb`` into ``run_dir/pg.init``, configure it, then rename it to ``run_dir/pg``.
+def _init_pg_cluster(place: _PgPlace, bindir: Path, user: _User | None, log: Log) -> None:
+    """``initdb`` into ``pg.init`` beside the data directory, configure it, then rename it.
 
     The rename makes the initialisation all-or-nothing: an interrupted initdb leaves only
     ``pg.init``, which the next call discards.
     """
-    staging = run_dir / PG_INIT_DIR
+    staging = place.home / PG_INIT_DIR
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(mode=0o700)
     _give_to(staging, user)
-    log(f"devtools: postgres: initdb {run_dir / PG_DIR} ({bindir})")
+    log(f"devtools: postgres: initdb {place.data_dir} ({bindir})")
     _run(
         [
             str(bindir / "initdb"),
@@ -710,7 +863,7 @@ def _init_pg_cluster(run_dir: Path, bindir: Path, user: _User | None, log: Log) 
             "--no-sync",
         ],
         user=user,
-        cwd=run_dir,
+        cwd=place.home,
     )
     with open(staging / "postgresql.conf", "a") as conf:
         conf.write(
@@ -719,28 +872,26 @@ def _init_pg_cluster(run_dir: Path, bindir: Path, user: _User | None, log: Log) 
             "unix_socket_directories = ''\t# TCP only: no socket path length limits\n"
             "synchronous_commit = off\t# a crash may lose the last commits, never corrupts\n"
         )
-    staging.rename(run_dir / PG_DIR)
+    staging.rename(place.data_dir)
 
 
 def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
     """Initialise (once) and start (unless running) the private cluster; make sure database
     ``authio`` exists. Returns ``(port it listens on, whether this call started it)``."""
-    data_dir = run_dir / PG_DIR
-    bindir = _find_pg_bindir(data_dir)
+    bindir = _find_pg_bindir(run_dir / PG_DIR)
     if bindir is None:  # _install_missing ran just before; this is a genuine failure
         raise DevServicesError("no PostgreSQL server binaries (postgres, initdb, pg_ctl) found")
-    user = _pg_service_user(data_dir, log)
-    log_file = run_dir / PG_LOG
+    user = _pg_service_user(run_dir / PG_DIR, log)
+    place = _pg_place(run_dir, user, log)
+    data_dir, log_file = place.data_dir, place.log_file
     if not (data_dir / "PG_VERSION").is_file():
         if data_dir.exists():
             raise DevServicesError(f"{data_dir} exists but is not a PostgreSQL data directory; delete it")
-        _ensure_traversable(run_dir, user, log)
-        _init_pg_cluster(run_dir, bindir, user, log)
+        _init_pg_cluster(place, bindir, user, log)
     _give_to(data_dir, user)
-    _ensure_traversable(data_dir, user, log)
 
     pg_ctl = str(bindir / "pg_ctl")
-    status, _ = _run([pg_ctl, "status", "-D", str(data_dir)], user=user, cwd=run_dir, check=False, timeout=30)
+    status, _ = _run([pg_ctl, "status", "-D", str(data_dir)], user=user, cwd=place.home, check=False, timeout=30)
     running = _postmaster_pid_file(data_dir)
     if status == 0 and running is not None:
         actual_port = running[1]
@@ -780,7 +931,7 @@ def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
                 f"-p {port}",
             ],
             user=user,
-            cwd=run_dir,
+            cwd=place.home,
             timeout=90,
         )
     except DevServicesError as exc:
@@ -798,8 +949,9 @@ def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
     return port, True
 
 
-def _stop_private_pg(run_dir: Path, log: Log) -> None:
-    data_dir = run_dir / PG_DIR
+def _stop_pg_cluster(data_dir: Path, log: Log) -> None:
+    """Stop the server running from ``data_dir`` (a real path), if any, as the owner of
+    ``data_dir`` when we are root."""
     running = _postmaster_pid_file(data_dir)
     if running is None or not _pid_alive(running[0]):
         return
@@ -810,13 +962,17 @@ def _stop_private_pg(run_dir: Path, log: Log) -> None:
         _run(
             [str(bindir / "pg_ctl"), "stop", "-D", str(data_dir), "-m", "fast", "-w", "-t", "60"],
             user=user,
-            cwd=run_dir,
+            cwd=data_dir.parent,
             timeout=90,
         )
     else:  # binaries gone: SIGINT is what "pg_ctl stop -m fast" sends
         os.kill(pid, signal.SIGINT)
         _wait_until(lambda: not _pid_alive(pid), 60.0, f"PostgreSQL (pid {pid}) to stop")
     log(f"devtools: postgres: stopped private instance on {LOCALHOST}:{port}")
+
+
+def _stop_private_pg(run_dir: Path, log: Log) -> None:
+    _stop_pg_cluster((run_dir / PG_DIR).resolve(), log)
 
 
 # --------------------------------------------------------------------------------------------
