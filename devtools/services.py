@@ -58,13 +58,19 @@ stops them. Concurrent calls on the same ``run_dir`` are serialized with a lock 
 
 Command line (logs go to stderr, only shell code goes to stdout)::
 
-    python -m devtools ensure [--force-private] [--run-dir .run]   # prints exports
-    python -m devtools exec [--force-private] [--run-dir .run] -- CMD [ARG...]
-    python -m devtools stop [--run-dir .run]
+    python -m devtools ensure [--force-private] [--hint] [--run-dir .run]   # prints exports
+    python -m devtools exec [--force-private] [--hint] [--run-dir .run] -- CMD [ARG...]
+    python -m devtools stop [--run-dir .run]      # make stop
+    python -m devtools remove [--run-dir .run]    # stop, and delete their data (make clean-run)
+    python -m devtools hint [--run-dir .run]      # where the running private instances live
 
 ``ensure`` prints ``export DATABASE_URL=...`` and ``export REDIS_URL=...``; ``exec`` sets both in
 the environment and replaces itself with ``CMD``. Both read ``DATABASE_URL`` / ``REDIS_URL`` from
-the environment (an empty value counts as unset).
+the environment (an empty value counts as unset), and say in one line which PostgreSQL and which
+Redis are in use (a configured URL, the local default port or a private instance); with
+``--hint`` a second line says where the private instances in use live and how to stop them,
+which ``hint`` says on its own (``make test`` runs it after the tests). ``stop``, ``remove`` and
+``hint`` import nothing outside the standard library, so any Python 3.11 runs them.
 """
 
 from __future__ import annotations
@@ -100,6 +106,7 @@ __all__ = [
     "apt_install",
     "ensure_services",
     "main",
+    "private_instances_hint",
     "remove_private",
     "stop_private",
 ]
@@ -173,8 +180,9 @@ def ensure_services(
     """Make sure a PostgreSQL and a Redis answer; return their URLs (see the module docstring).
 
     ``run_dir`` is created when missing (only if a private instance is needed). ``log`` receives
-    one human-readable line per decision. ``connect_timeout`` bounds the probe of a configured
-    URL.
+    a line for each thing done or refused (a private server started, a local one skipped, a
+    package installed), then one line saying which PostgreSQL and which Redis are in use.
+    ``connect_timeout`` bounds the probe of a configured URL.
 
     Raises :class:`DevServicesError` when a configured URL does not answer, when a private
     instance cannot be installed or started (the message includes the tail of its log), or when
@@ -188,6 +196,7 @@ def ensure_services(
     # Decide what can be had without starting anything.
     db: str | None = None
     rd: str | None = None
+    db_what = rd_what = ""
     if force_private:
         log("devtools: --force-private: using private instances only")
     else:
@@ -197,20 +206,20 @@ def ensure_services(
                 raise DevServicesError(
                     f"DATABASE_URL={_redact(database_url)} does not answer within {connect_timeout:g} s: {error}"
                 )
-            log(f"devtools: postgres: using DATABASE_URL={_redact(database_url)}")
-            db = database_url
+            db, db_what = database_url, f"PostgreSQL from DATABASE_URL ({_redact(database_url)})"
         else:
             db = _try_local_pg(pg_port, log)
+            db_what = f"the local PostgreSQL on the default port ({db})"
         if redis_url is not None:
             error = _redis_check(redis_url, wait=connect_timeout)
             if error is not None:
                 raise DevServicesError(
                     f"REDIS_URL={_redact(redis_url)} does not answer within {connect_timeout:g} s: {error}"
                 )
-            log(f"devtools: redis: using REDIS_URL={_redact(redis_url)}")
-            rd = redis_url
+            rd, rd_what = redis_url, f"Redis from REDIS_URL ({_redact(redis_url)})"
         else:
             rd = _try_local_redis(redis_port, log)
+            rd_what = f"the local Redis on the default port ({rd})"
 
     if db is None or rd is None:
         _make_dir(run_dir)
@@ -219,14 +228,38 @@ def ensure_services(
             if db is None:
                 port, did_start = _ensure_private_pg(run_dir, private_pg_port, log)
                 db = _pg_url(port, DATABASE_NAME)
+                db_what = f"the private PostgreSQL of {run_dir} ({db}, {'started' if did_start else 'already running'})"
                 if did_start:
                     started.append("postgres")
             if rd is None:
                 port, did_start = _ensure_private_redis(run_dir, private_redis_port, log)
                 rd = _redis_url(port)
+                rd_what = f"the private Redis of {run_dir} ({rd}, {'started' if did_start else 'already running'})"
                 if did_start:
                     started.append("redis")
+    log(f"devtools: using {db_what} and {rd_what}")
     return ServiceUrls(database_url=db, redis_url=rd, started=tuple(started))
+
+
+def private_instances_hint(run_dir: Path) -> str | None:
+    """One line saying which private instances of ``run_dir`` are running, where their data
+    lives and how to stop them; ``None`` when none is running."""
+    run_dir = Path(run_dir).absolute()
+    running: list[str] = []
+    data_dir = (run_dir / PG_DIR).resolve()
+    postmaster = _postmaster_pid_file(data_dir)
+    if postmaster is not None and _pid_alive(postmaster[0]):
+        where = "" if data_dir.is_relative_to(run_dir) else f" (data in {data_dir})"
+        running.append(f"PostgreSQL on {LOCALHOST}:{postmaster[1]}{where}")
+    redis_running = _private_redis_running(run_dir / REDIS_DIR)
+    if redis_running is not None:
+        running.append(f"Redis on {LOCALHOST}:{redis_running[1]}")
+    if not running:
+        return None
+    return (
+        f"devtools: private instances keep running in {run_dir}: {', '.join(running)}. "
+        "`make stop` stops them; `make clean-run` deletes them with their data and the local KMS key"
+    )
 
 
 def stop_private(run_dir: Path, *, log: Log = print) -> None:
@@ -421,9 +454,7 @@ def _try_local_pg(port: int, log: Log) -> str | None:
             f"(user {PG_SUPERUSER}, no password): {error}"
         )
         return None
-    url = _pg_url(port, DATABASE_NAME)
-    log(f"devtools: postgres: using the local server, {url}")
-    return url
+    return _pg_url(port, DATABASE_NAME)
 
 
 def _try_local_redis(port: int, log: Log) -> str | None:
@@ -436,7 +467,6 @@ def _try_local_redis(port: int, log: Log) -> str | None:
     if error is not None:
         log(f"devtools: redis: {LOCALHOST}:{port} answers but is not usable: {error}")
         return None
-    log(f"devtools: redis: using the local server, {url}")
     return url
 
 
@@ -899,7 +929,6 @@ def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
             log(f"devtools: postgres: private instance already runs on port {actual_port} (not {port}); reusing it")
         error = _pg_check(_pg_url(actual_port, "postgres"), wait=10.0, create_db=DATABASE_NAME)
         if error is None:
-            log(f"devtools: postgres: reusing private instance on {LOCALHOST}:{actual_port}")
             return actual_port, False
         raise DevServicesError(
             f"the private PostgreSQL in {data_dir} runs but does not answer on port "
@@ -1014,7 +1043,6 @@ def _ensure_private_redis(run_dir: Path, port: int, log: Log) -> tuple[int, bool
         if error is None:
             if actual_port != port:
                 log(f"devtools: redis: private instance already runs on port {actual_port} (not {port}); reusing it")
-            log(f"devtools: redis: reusing private instance on {LOCALHOST}:{actual_port}")
             return actual_port, False
         raise DevServicesError(
             f"the private Redis (pid {running[0]}) runs but does not answer on port "
@@ -1117,6 +1145,11 @@ def _parser() -> argparse.ArgumentParser:
     ensure_opts.add_argument("--redis-port", type=int, default=6379)
     ensure_opts.add_argument("--private-pg-port", type=int, default=55432)
     ensure_opts.add_argument("--private-redis-port", type=int, default=56379)
+    ensure_opts.add_argument(
+        "--hint",
+        action="store_true",
+        help="then say where the private instances in use live and how to stop them",
+    )
     sub.add_parser(
         "ensure",
         parents=[common, ensure_opts],
@@ -1128,7 +1161,13 @@ def _parser() -> argparse.ArgumentParser:
         help="run a command with DATABASE_URL and REDIS_URL set",
     )
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
-    sub.add_parser("stop", parents=[common], help="stop private instances")
+    sub.add_parser("stop", parents=[common], help="stop the private instances (their data is kept)")
+    sub.add_parser("remove", parents=[common], help="stop the private instances and delete their data")
+    sub.add_parser(
+        "hint",
+        parents=[common],
+        help="say where the running private instances live and how to stop them (nothing if none runs)",
+    )
     return parser
 
 
@@ -1136,8 +1175,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
     args = _parser().parse_args(argv)
     try:
+        if args.command == "hint":
+            hint = private_instances_hint(args.run_dir)
+            if hint is not None:
+                _stderr(hint)
+            return 0
         if args.command == "stop":
+            if private_instances_hint(args.run_dir) is None:
+                _stderr(f"devtools: no private PostgreSQL or Redis runs in {args.run_dir.absolute()}")
             stop_private(args.run_dir, log=_stderr)
+            return 0
+        if args.command == "remove":
+            remove_private(args.run_dir, log=_stderr)
             return 0
         urls = ensure_services(
             run_dir=args.run_dir,
@@ -1153,6 +1202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DevServicesError as exc:
         _stderr(f"devtools: error: {exc}")
         return 1
+    if args.hint:
+        hint = private_instances_hint(args.run_dir)
+        if hint is not None:
+            _stderr(hint)
     if args.command == "ensure":
         print(f"export DATABASE_URL={shlex.quote(urls.database_url)}")
         print(f"export REDIS_URL={shlex.quote(urls.redis_url)}", flush=True)
