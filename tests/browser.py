@@ -41,6 +41,18 @@ def _present() -> bool:
     return all(os.access(p, os.X_OK) for p in (CHROMIUM, CHROMEDRIVER))
 
 
+def _tell(line: str) -> None:
+    """Show ``line`` now, past pytest's output capture (which holds even ``sys.__stderr__``): on
+    the controlling terminal when there is one, else on standard error."""
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(f"\n{line}\n")
+            return
+    except OSError:
+        pass
+    print(line, file=sys.__stderr__ or sys.stderr, flush=True)
+
+
 def ensure_chromium() -> tuple[str, str]:
     """``(chromium, chromedriver)`` paths (``/usr/bin/chromium``, ``/usr/bin/chromedriver``).
 
@@ -51,6 +63,10 @@ def ensure_chromium() -> tuple[str, str]:
     if _present():
         return CHROMIUM, CHROMEDRIVER
     wanted = " ".join(PACKAGES)
+    # Said before the install starts: pytest shows nothing until the test ends, and on a slow
+    # mirror the 140 packages take minutes, which would look like a hung test run.
+    _tell(f"browser: installing {wanted} with apt-get for the browser tests (about 140 Debian packages, "
+          "once per machine; minutes on a slow mirror)")
     with open(_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _present():  # another run installed them while we waited
@@ -65,8 +81,7 @@ def ensure_chromium() -> tuple[str, str]:
             raise BrowserUnavailable(str(exc)) from exc
         if not _present():
             raise BrowserUnavailable(f"installed {wanted} but {CHROMIUM} or {CHROMEDRIVER} is missing")
-        print(f"browser: installed {wanted} in {time.monotonic() - began:.0f} s",
-              file=sys.stderr, flush=True)
+        _tell(f"browser: installed {wanted} in {time.monotonic() - began:.0f} s")
     return CHROMIUM, CHROMEDRIVER
 
 
