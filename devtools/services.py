@@ -831,7 +831,7 @@ def _install_missing(*, need_pg: bool, need_redis: bool, run_dir: Path, log: Log
         return
     apt_install(packages, log=log, unable=(
         "server binaries missing and cannot install them ({why}): install the packages "
-        "{wanted} (Debian: sudo apt-get install -y {wanted}), or set DATABASE_URL / REDIS_URL "
+        "{wanted} (Debian: sudo apt-get install --no-install-recommends {wanted}), or set DATABASE_URL / REDIS_URL "
         "to running servers"
     ))
     if need_pg and "postgresql" in packages and not _pg_candidate_bindirs():

@@ -76,7 +76,7 @@ def ensure_chromium() -> tuple[str, str]:
             apt_install(list(PACKAGES), log=lambda line: print(line, file=sys.stderr, flush=True),
                         unable=(f"the browser tests need {CHROMIUM} and {CHROMEDRIVER} and cannot "
                                 "install them ({why}): install the packages {wanted} (Debian: "
-                                "sudo apt-get install -y {wanted})"))
+                                "sudo apt-get install --no-install-recommends {wanted})"))
         except DevServicesError as exc:
             raise BrowserUnavailable(str(exc)) from exc
         if not _present():
