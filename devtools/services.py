@@ -40,8 +40,10 @@ a home directory closed to other users, such as ``/root``):
   ``run_dir``), owned by that user with mode ``0700``, holding ``pg/`` (the data directory),
   ``pg.log`` and ``run-dir`` (the path of the run directory it belongs to). ``run_dir/pg`` and
   ``run_dir/pg.log`` are symbolic links to them; all commands address the cluster by its real
-  path. ``/var/lib/authio-dev`` itself is created root-owned ``0755``, and refused if anyone
-  but root may write to it.
+  path. A run directory in the temporary directory (a throwaway clone, a test's) gets its home
+  in ``/tmp/authio-dev`` (:data:`TEMP_STATE_DIR`) instead, so that its cluster is as temporary
+  as it is. Either state directory is created root-owned ``0755``, and refused if it is not a
+  directory that only root may write to.
 
   A cluster made inside ``run_dir`` by an earlier version stays there when its owner can reach
   it as things stand, and is moved to its home otherwise. A home whose run directory no longer
@@ -125,6 +127,9 @@ LOCK_FILE = ".lock"
 STATE_DIR = Path("/var/lib/authio-dev")
 """As root: where private clusters live that their service user could not reach in the run
 directory (one home per run directory, owned by that user; see the module docstring)."""
+TEMP_STATE_DIR = Path("/tmp/authio-dev")
+""":data:`STATE_DIR` for run directories in the temporary directory: their clusters are as
+temporary as they are, and go wherever the run directories' own leftovers go."""
 STATE_MARKER = "run-dir"
 PG_MARKER = "# --- authio devtools: private development cluster ---"
 
@@ -281,7 +286,7 @@ def stop_private(run_dir: Path, *, log: Log = print) -> None:
 
 def remove_private(run_dir: Path, *, log: Log = print) -> None:
     """Stop the private PostgreSQL and Redis of ``run_dir`` and delete their data: the cluster
-    (also its home in :data:`STATE_DIR`, as root), its log and the Redis directory. Other files
+    (also its home in a state directory, as root), its log and the Redis directory. Other files
     in ``run_dir`` stay. Does nothing when ``run_dir`` does not exist."""
     run_dir = Path(run_dir).absolute()
     if not run_dir.is_dir():
@@ -292,7 +297,7 @@ def remove_private(run_dir: Path, *, log: Log = print) -> None:
         link = run_dir / PG_DIR
         home = _state_home(link)
         if home is not None and home.exists():
-            with _locked_state():
+            with _locked_state(home.parent):
                 shutil.rmtree(home)
             log(f"devtools: postgres: deleted {home}")
         for name in (PG_DIR, PG_LOG, PG_INIT_DIR, REDIS_DIR):
@@ -617,32 +622,46 @@ def _reachable(path: Path, user: _User) -> bool:
     return True
 
 
+def _state_dir_for(run_dir: Path) -> Path:
+    """:data:`TEMP_STATE_DIR` for a run directory in the temporary directory, else
+    :data:`STATE_DIR`."""
+    real = run_dir.resolve()
+    temporary = {Path("/tmp").resolve(), Path(tempfile.gettempdir()).resolve()}
+    return TEMP_STATE_DIR if any(real.is_relative_to(t) for t in temporary) else STATE_DIR
+
+
 @contextlib.contextmanager
-def _locked_state() -> Iterator[None]:
-    """Hold the lock of :data:`STATE_DIR` (creating it, root-owned ``0755``, when missing)."""
+def _locked_state(state_dir: Path) -> Iterator[None]:
+    """Hold the lock of ``state_dir`` (creating it, root-owned ``0755``, when missing)."""
     try:
-        if not STATE_DIR.exists():
-            STATE_DIR.mkdir()
-            STATE_DIR.chmod(0o755)  # ours: whatever the umask, the service user must pass
-        st = STATE_DIR.lstat()
+        try:
+            state_dir.mkdir()
+            state_dir.chmod(0o755)  # ours: whatever the umask, the service user must pass
+        except FileExistsError:
+            pass
+        st = state_dir.lstat()
     except OSError as exc:
-        raise DevServicesError(f"cannot create {STATE_DIR} for the private PostgreSQL: {exc}") from exc
+        raise DevServicesError(f"cannot create {state_dir} for the private PostgreSQL: {exc}") from exc
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         raise DevServicesError(
-            f"{STATE_DIR} must be a directory owned by root and writable by root only; it is not, so "
+            f"{state_dir} must be a directory owned by root and writable by root only; it is not, so "
             "devtools will not keep PostgreSQL clusters there: remove it or fix its owner and mode"
         )
-    with _locked(STATE_DIR):
+    with _locked(state_dir):
         yield
 
 
 def _state_home(link: Path) -> Path | None:
-    """The cluster home in :data:`STATE_DIR` that ``run_dir/pg`` links to, if it is such a link."""
+    """The cluster home in a state directory that ``run_dir/pg`` links to, if it is such a link."""
     if not link.is_symlink():
         return None
     target = Path(os.readlink(link))
     home = target.parent
-    if target.name != PG_DIR or home.parent != STATE_DIR or not re.fullmatch(r"[0-9a-f]{16}", home.name):
+    if (
+        target.name != PG_DIR
+        or home.parent not in (STATE_DIR, TEMP_STATE_DIR)
+        or not re.fullmatch(r"[0-9a-f]{16}", home.name)
+    ):
         return None
     return home
 
@@ -665,27 +684,28 @@ class _PgPlace:
 def _pg_place(run_dir: Path, user: _User | None, log: Log) -> _PgPlace:
     """Where the private cluster of ``run_dir`` lives, making its home if needed (see the module
     docstring): ``run_dir`` itself when ``user`` is the caller (``None``) or can reach it as
-    things stand, else a home of its own in :data:`STATE_DIR` linked from ``run_dir``."""
+    things stand, else a home of its own in a state directory, linked from ``run_dir``."""
     link = run_dir / PG_DIR
     if user is None:
         return _PgPlace(run_dir)
-    with _locked_state():
-        _collect_orphans(log)
+    state_dir = _state_dir_for(run_dir)
+    with _locked_state(state_dir):
+        _collect_orphans(state_dir, log)
     home = _state_home(link)
     if home is not None and home.is_dir():
         marker = home / STATE_MARKER
         with contextlib.suppress(OSError):
             if marker.read_text().strip() == str(run_dir):
                 return _PgPlace(home)
-        with _locked_state():  # the project moved: its home follows it
+        with _locked_state(home.parent):  # the project moved: its home follows it
             marker.write_text(f"{run_dir}\n")
         return _PgPlace(home)
     if link.is_symlink():  # dangling (its home was deleted) or not ours: start afresh
         link.unlink()
     if link.exists() and _reachable(link, user):
         return _PgPlace(run_dir)  # a cluster made in run_dir, reachable as it is
-    with _locked_state():
-        home = STATE_DIR / hashlib.sha256(str(run_dir).encode()).hexdigest()[:16]
+    with _locked_state(state_dir):
+        home = state_dir / hashlib.sha256(str(run_dir).encode()).hexdigest()[:16]
         if home.exists():  # left by an earlier run dir of this path, deleted since: never reused
             _stop_pg_cluster(home / PG_DIR, log)
             shutil.rmtree(home)
@@ -709,11 +729,11 @@ def _pg_place(run_dir: Path, user: _User | None, log: Log) -> _PgPlace:
     return _PgPlace(home)
 
 
-def _collect_orphans(log: Log) -> None:
-    """Delete the cluster homes in :data:`STATE_DIR` that their run directory no longer links to
+def _collect_orphans(state_dir: Path, log: Log) -> None:
+    """Delete the cluster homes in ``state_dir`` that their run directory no longer links to
     (it was deleted, or moved and not used since) and whose server is not running. The caller
     holds :func:`_locked_state`."""
-    for home in STATE_DIR.iterdir():
+    for home in state_dir.iterdir():
         if not re.fullmatch(r"[0-9a-f]{16}", home.name) or home.is_symlink() or not home.is_dir():
             continue
         try:

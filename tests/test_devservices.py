@@ -25,7 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from devtools import DevServicesError, ServiceUrls, ensure_services, remove_private, stop_private
-from devtools.services import STATE_DIR
+from devtools.services import STATE_DIR, TEMP_STATE_DIR
 from tests.conftest import ROOT, free_ports
 
 
@@ -95,7 +95,7 @@ def test_private_instances_start_answer_are_reused_and_stop(run_dir: Path, tmp_p
         return ensure_services(**options)  # type: ignore[arg-type]
 
     # First call: initdb + start both, as on a fresh machine.
-    outside = [run_dir.parent, *run_dir.parent.parents, *STATE_DIR.parents]
+    outside = [run_dir.parent, *run_dir.parent.parents, *STATE_DIR.parents, *TEMP_STATE_DIR.parents]
     modes_before = _modes(outside)
     first_log: list[str] = []
     began = time.monotonic()
@@ -110,7 +110,7 @@ def test_private_instances_start_answer_are_reused_and_stop(run_dir: Path, tmp_p
     # the other.
     assert _modes(outside) == modes_before, first_log
     data_dir = (run_dir / "pg").resolve()
-    assert data_dir.is_relative_to(run_dir.resolve()) or data_dir.parent.parent == STATE_DIR, data_dir
+    assert data_dir.is_relative_to(run_dir.resolve()) or data_dir.parent.parent in (STATE_DIR, TEMP_STATE_DIR)
     if os.geteuid() == 0:  # PostgreSQL refuses root: the cluster belongs to an unprivileged user
         assert (run_dir / "pg").stat().st_uid != 0
     pid = _postmaster_pid(run_dir)
