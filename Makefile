@@ -1,24 +1,20 @@
 # Both targets do all set-up on a fresh machine: virtual environment, dependencies, PostgreSQL and
 # Redis (the configured URLs, else the local default ports, else private instances under .run/,
-# installing the Debian packages when missing), and migrations.
+# installing the Debian packages when missing), and migrations. Private instances keep running
+# after run and test: `make stop` stops them, `make clean-run` deletes them with their data.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-WITH_SERVICES = $(PY) -m common.devservices exec --
+WITH_SERVICES = $(PY) -m devtools exec
+# stop and clean-run also work without the virtual environment (devtools' stop needs no package).
+DEVTOOLS = $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m devtools
 
-.PHONY: run test lint lock clean-run
+.PHONY: run test lint openapi lock stop clean-run
 
+# One line per step; a failed step stops with a message (devtools/bootstrap.sh).
 $(VENV)/.installed: pyproject.toml constraints.txt
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
-	  { echo "authio needs Python 3.11 or newer; '$(PYTHON)' is $$($(PYTHON) --version 2>&1)." \
-	         "Run with PYTHON=/path/to/python3.11" >&2; exit 1; }
-	@$(PYTHON) -m venv --help >/dev/null 2>&1 && $(PYTHON) -c 'import ensurepip' 2>/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-dev; }
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
-	@touch $@
+	@bash devtools/bootstrap.sh '$(PYTHON)' '$(VENV)'
 
 # Re-resolve the newest versions pyproject.toml allows and record them in constraints.txt.
 lock:
@@ -28,17 +24,30 @@ lock:
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
 run: $(VENV)/.installed
-	@mkdir -p .run && { [ -n "$$SERVICE_KMS_KEY$$SERVICE_KMS_KEY_FILE" ] || $(VENV)/bin/authio kms-key --file .run/kms.key >/dev/null; }
+	@mkdir -p .run && { [ -n "$$SERVICE_KMS_KEY$$SERVICE_KMS_KEY_FILE" ] || [ -f .run/kms.key ] || $(VENV)/bin/authio kms-key --file .run/kms.key; }
 	@OTEL_EXPORTER=$${OTEL_EXPORTER:-none} SERVICE_KMS_KEY_FILE=$${SERVICE_KMS_KEY_FILE:-$$([ -n "$$SERVICE_KMS_KEY" ] || echo .run/kms.key)} \
-	  $(WITH_SERVICES) sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
+	  $(WITH_SERVICES) --hint -- sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
 
+# After the tests, one line says where the private instances live, if any runs.
 test: $(VENV)/.installed
-	@$(WITH_SERVICES) $(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	@$(WITH_SERVICES) -- $(VENV)/bin/pytest -q $(PYTEST_ARGS); status=$$?; $(PY) -m devtools hint; exit $$status
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy common engine control_plane
+	$(VENV)/bin/mypy common engine control_plane devtools
 
+# The OpenAPI document of every route, generated from the route tables (a test keeps it current).
+openapi: $(VENV)/.installed
+	$(VENV)/bin/authio openapi --out docs/openapi.json
+
+# Stops the private PostgreSQL and Redis under .run/ (data kept; the next run starts them again).
+stop:
+	@$(DEVTOOLS) stop
+
+# WARNING: deletes .run/: the private PostgreSQL and Redis with all their data, and the local KMS
+# key .run/kms.key. Whatever a database that stays (the local server on 5432, DATABASE_URL) holds
+# encrypted under that key, signing keys and queued messages, can no longer be decrypted.
 clean-run:
-	-$(PY) -m common.devservices stop
+	@echo "clean-run: deleting .run/ (the private PostgreSQL and Redis with their data, and the local KMS key .run/kms.key)"
+	@$(DEVTOOLS) remove
 	rm -rf .run

@@ -1,7 +1,7 @@
 """The suite's root: the fixture plugins, and the stall reporter every test runs under.
 
 Tests run against real PostgreSQL and Redis, one fresh database and Redis key prefix per run
-(``make test`` finds or starts the servers through ``common.devservices``). The fixtures live in
+(``make test`` finds or starts the servers through ``devtools``). The fixtures live in
 ``tests/fixtures/`` as pytest plugins: ``database``, ``redis``, ``service`` (the apps, a client,
 a project per test) and ``peers`` (a browser, mail and SMS providers, a telemetry collector, the
 development mailbox). Test modules import helpers from there, or from their domain folder's

@@ -1,7 +1,7 @@
 """PostgreSQL going away: writes answer db_unavailable (503) in the envelope, checks keep
 answering from the engine's memory, and everything recovers when PostgreSQL is back.
 
-Runs against a private PostgreSQL of its own (started with common.devservices on free ports),
+Runs against a private PostgreSQL of its own (started with devtools on free ports),
 which the test stops and starts for real; no fault is simulated.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from aiohttp import ClientSession
 
-from common.devservices import ensure_services, stop_private
 from common.settings import Settings
 from control_plane.migrate import upgrade
+from devtools import ensure_services, stop_private
 from tests.fixtures.service import assert_error, bootstrap_project, combined_app, free_ports, serving
 
 

@@ -1,9 +1,10 @@
-"""The fresh-machine path of ``common.devservices``, for real (no mocks).
+"""The fresh-machine path of ``devtools``, for real (no mocks).
 
 Every run forces private PostgreSQL and Redis instances on free ports of their own in a fresh
 temporary directory, so the path a machine with nothing running takes is proven on every CI run,
 not only the "already running" one. The temporary directory is created ``0700`` by root on CI,
-which also proves that the unprivileged PostgreSQL user is given a way into it.
+like a home the unprivileged PostgreSQL user cannot enter: the cluster must run without any
+directory outside the run directory and the cluster's own home changing its mode.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,7 +23,8 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 
-from common.devservices import DevServicesError, ServiceUrls, ensure_services, stop_private
+from devtools import DevServicesError, ServiceUrls, ensure_services, remove_private, stop_private
+from devtools.services import STATE_DIR, TEMP_STATE_DIR
 from tests.fixtures.service import free_ports
 
 
@@ -57,6 +60,10 @@ def _postmaster_pid(run_dir: Path) -> int:
     return int((run_dir / "pg" / "postmaster.pid").read_text().splitlines()[0])
 
 
+def _modes(paths: list[Path]) -> dict[Path, int]:
+    return {p: stat.S_IMODE(p.stat().st_mode) for p in paths if p.exists()}
+
+
 @pytest.fixture
 def run_dir() -> Iterator[Path]:
     base = Path(tempfile.mkdtemp(prefix="authio-devservices-"))  # mode 0700, like a fresh home
@@ -64,7 +71,7 @@ def run_dir() -> Iterator[Path]:
     try:
         yield run
     finally:
-        stop_private(run, log=lambda _: None)
+        remove_private(run, log=lambda _: None)  # as root, the cluster's home is outside base
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -87,6 +94,8 @@ def test_private_instances_start_answer_are_reused_and_stop(run_dir: Path, tmp_p
         return ensure_services(**options)  # type: ignore[arg-type]
 
     # First call: initdb + start both, as on a fresh machine.
+    outside = [run_dir.parent, *run_dir.parent.parents, *STATE_DIR.parents, *TEMP_STATE_DIR.parents]
+    modes_before = _modes(outside)
     first_log: list[str] = []
     began = time.monotonic()
     first = ensure(first_log)
@@ -95,6 +104,12 @@ def test_private_instances_start_answer_are_reused_and_stop(run_dir: Path, tmp_p
     assert any("initdb" in line for line in first_log), first_log
     assert asyncio.run(_pg_facts(first.database_url)) == (1, "authio", True)
     assert asyncio.run(_redis_ping(first.redis_url))
+    # No directory outside the run directory and the cluster's home changed its mode (the
+    # base directory is 0700, closed to the PostgreSQL user), and the cluster lives in one or
+    # the other.
+    assert _modes(outside) == modes_before, first_log
+    data_dir = (run_dir / "pg").resolve()
+    assert data_dir.is_relative_to(run_dir.resolve()) or data_dir.parent.parent in (STATE_DIR, TEMP_STATE_DIR)
     if os.geteuid() == 0:  # PostgreSQL refuses root: the cluster belongs to an unprivileged user
         assert (run_dir / "pg").stat().st_uid != 0
     pid = _postmaster_pid(run_dir)

@@ -32,13 +32,13 @@ import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
 
-from common.devservices import ensure_services, stop_private
 from common.settings import Settings, decode_kek
 from control_plane.kms import LocalKms
 from control_plane.messages import service as messages
 from control_plane.messages import tasks as outbox
 from control_plane.migrate import upgrade
 from control_plane.web.schemas import Channel
+from devtools import ensure_services, stop_private
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import link_in, token_of
 from tests.fixtures.peers import (

@@ -27,11 +27,32 @@ For each service, :func:`ensure_services` picks the first that applies:
    installed with ``apt-get`` when running as root; otherwise the error says what to install.
    ``force_private=True`` skips steps 1 and 2 (this is how the test proves the fresh-machine path).
 
-PostgreSQL refuses to run as root. As root, the cluster is created and run as an unprivileged
-user: the owner of an existing ``run_dir/pg``, else the ``postgres`` system user, else a system
-user ``authio`` created with ``useradd``. The data directory and log file are chowned to that
-user, and any directory above ``run_dir/pg`` that user cannot traverse gets the execute (search)
-bit it lacks; each such change is logged. Redis runs as the calling user.
+Where the private cluster lives, and as whom it runs. PostgreSQL refuses to run as root, and
+devtools never changes the permissions of a directory it did not create (the project may sit in
+a home directory closed to other users, such as ``/root``):
+
+* Not root: the server runs as the calling user, with its data in ``run_dir/pg`` and its log in
+  ``run_dir/pg.log``.
+* Root: the server runs as an unprivileged user: the owner of an existing cluster, else the
+  ``postgres`` system user, else a system user ``authio`` created with ``useradd``. That user
+  may not be able to reach ``run_dir``, so the cluster gets a home of its own that it can reach:
+  ``/var/lib/authio-dev/<key>/`` (:data:`STATE_DIR`; ``<key>``: 16 hex digits of the SHA-256 of
+  ``run_dir``), owned by that user with mode ``0700``, holding ``pg/`` (the data directory),
+  ``pg.log`` and ``run-dir`` (the path of the run directory it belongs to). ``run_dir/pg`` and
+  ``run_dir/pg.log`` are symbolic links to them; all commands address the cluster by its real
+  path. A run directory in the temporary directory (a throwaway clone, a test's) gets its home
+  in ``/tmp/authio-dev`` (:data:`TEMP_STATE_DIR`) instead, so that its cluster is as temporary
+  as it is. Either state directory is created root-owned ``0755``, and refused if it is not a
+  directory that only root may write to.
+
+  A cluster made inside ``run_dir`` by an earlier version stays there when its owner can reach
+  it as things stand, and is moved to its home otherwise. A home whose run directory no longer
+  links to it (the run directory was deleted) is deleted when no server runs from it, by any
+  later call that needs a private cluster as root; a new run directory at the path of a deleted
+  one never reuses the old cluster (the local KMS key that went with it is gone).
+  :func:`remove_private` deletes a run directory's cluster, home included.
+
+Redis runs as the calling user, in ``run_dir/redis``.
 
 Private instances keep running after the call so later runs reuse them; :func:`stop_private`
 stops them. Concurrent calls on the same ``run_dir`` are serialized with a lock file
@@ -39,13 +60,19 @@ stops them. Concurrent calls on the same ``run_dir`` are serialized with a lock 
 
 Command line (logs go to stderr, only shell code goes to stdout)::
 
-    python -m common.devservices ensure [--force-private] [--run-dir .run]   # prints exports
-    python -m common.devservices exec [--force-private] [--run-dir .run] -- CMD [ARG...]
-    python -m common.devservices stop [--run-dir .run]
+    python -m devtools ensure [--force-private] [--hint] [--run-dir .run]   # prints exports
+    python -m devtools exec [--force-private] [--hint] [--run-dir .run] -- CMD [ARG...]
+    python -m devtools stop [--run-dir .run]      # make stop
+    python -m devtools remove [--run-dir .run]    # stop, and delete their data (make clean-run)
+    python -m devtools hint [--run-dir .run]      # where the running private instances live
 
 ``ensure`` prints ``export DATABASE_URL=...`` and ``export REDIS_URL=...``; ``exec`` sets both in
 the environment and replaces itself with ``CMD``. Both read ``DATABASE_URL`` / ``REDIS_URL`` from
-the environment (an empty value counts as unset).
+the environment (an empty value counts as unset), and say in one line which PostgreSQL and which
+Redis are in use (a configured URL, the local default port or a private instance); with
+``--hint`` a second line says where the private instances in use live and how to stop them,
+which ``hint`` says on its own (``make test`` runs it after the tests). ``stop``, ``remove`` and
+``hint`` import nothing outside the standard library, so any Python 3.11 runs them.
 """
 
 from __future__ import annotations
@@ -55,6 +82,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import fcntl
+import hashlib
 import os
 import pwd
 import re
@@ -77,8 +105,11 @@ __all__ = [
     "DATABASE_NAME",
     "DevServicesError",
     "ServiceUrls",
+    "apt_install",
     "ensure_services",
     "main",
+    "private_instances_hint",
+    "remove_private",
     "stop_private",
 ]
 
@@ -93,7 +124,14 @@ LOCALHOST = "127.0.0.1"
 PG_DIR, PG_INIT_DIR, PG_LOG = "pg", "pg.init", "pg.log"
 REDIS_DIR, REDIS_PIDFILE, REDIS_LOGFILE, REDIS_PORTFILE = "redis", "redis.pid", "redis.log", "port"
 LOCK_FILE = ".lock"
-PG_MARKER = "# --- authio devservices: private development cluster ---"
+STATE_DIR = Path("/var/lib/authio-dev")
+"""As root: where private clusters live that their service user could not reach in the run
+directory (one home per run directory, owned by that user; see the module docstring)."""
+TEMP_STATE_DIR = Path("/tmp/authio-dev")
+""":data:`STATE_DIR` for run directories in the temporary directory: their clusters are as
+temporary as they are, and go wherever the run directories' own leftovers go."""
+STATE_MARKER = "run-dir"
+PG_MARKER = "# --- authio devtools: private development cluster ---"
 
 _T = TypeVar("_T")
 Log = Callable[[str], None]
@@ -147,8 +185,9 @@ def ensure_services(
     """Make sure a PostgreSQL and a Redis answer; return their URLs (see the module docstring).
 
     ``run_dir`` is created when missing (only if a private instance is needed). ``log`` receives
-    one human-readable line per decision. ``connect_timeout`` bounds the probe of a configured
-    URL.
+    a line for each thing done or refused (a private server started, a local one skipped, a
+    package installed), then one line saying which PostgreSQL and which Redis are in use.
+    ``connect_timeout`` bounds the probe of a configured URL.
 
     Raises :class:`DevServicesError` when a configured URL does not answer, when a private
     instance cannot be installed or started (the message includes the tail of its log), or when
@@ -162,8 +201,9 @@ def ensure_services(
     # Decide what can be had without starting anything.
     db: str | None = None
     rd: str | None = None
+    db_what = rd_what = ""
     if force_private:
-        log("devservices: --force-private: using private instances only")
+        log("devtools: --force-private: using private instances only")
     else:
         if database_url is not None:
             error = _pg_check(database_url, wait=connect_timeout)
@@ -171,20 +211,20 @@ def ensure_services(
                 raise DevServicesError(
                     f"DATABASE_URL={_redact(database_url)} does not answer within {connect_timeout:g} s: {error}"
                 )
-            log(f"devservices: postgres: using DATABASE_URL={_redact(database_url)}")
-            db = database_url
+            db, db_what = database_url, f"PostgreSQL from DATABASE_URL ({_redact(database_url)})"
         else:
             db = _try_local_pg(pg_port, log)
+            db_what = f"the local PostgreSQL on the default port ({db})"
         if redis_url is not None:
             error = _redis_check(redis_url, wait=connect_timeout)
             if error is not None:
                 raise DevServicesError(
                     f"REDIS_URL={_redact(redis_url)} does not answer within {connect_timeout:g} s: {error}"
                 )
-            log(f"devservices: redis: using REDIS_URL={_redact(redis_url)}")
-            rd = redis_url
+            rd, rd_what = redis_url, f"Redis from REDIS_URL ({_redact(redis_url)})"
         else:
             rd = _try_local_redis(redis_port, log)
+            rd_what = f"the local Redis on the default port ({rd})"
 
     if db is None or rd is None:
         _make_dir(run_dir)
@@ -193,24 +233,48 @@ def ensure_services(
             if db is None:
                 port, did_start = _ensure_private_pg(run_dir, private_pg_port, log)
                 db = _pg_url(port, DATABASE_NAME)
+                db_what = f"the private PostgreSQL of {run_dir} ({db}, {'started' if did_start else 'already running'})"
                 if did_start:
                     started.append("postgres")
             if rd is None:
                 port, did_start = _ensure_private_redis(run_dir, private_redis_port, log)
                 rd = _redis_url(port)
+                rd_what = f"the private Redis of {run_dir} ({rd}, {'started' if did_start else 'already running'})"
                 if did_start:
                     started.append("redis")
+    log(f"devtools: using {db_what} and {rd_what}")
     return ServiceUrls(database_url=db, redis_url=rd, started=tuple(started))
+
+
+def private_instances_hint(run_dir: Path) -> str | None:
+    """One line saying which private instances of ``run_dir`` are running, where their data
+    lives and how to stop them; ``None`` when none is running."""
+    run_dir = Path(run_dir).absolute()
+    running: list[str] = []
+    data_dir = (run_dir / PG_DIR).resolve()
+    postmaster = _postmaster_pid_file(data_dir)
+    if postmaster is not None and _pid_alive(postmaster[0]):
+        where = "" if data_dir.is_relative_to(run_dir) else f" (data in {data_dir})"
+        running.append(f"PostgreSQL on {LOCALHOST}:{postmaster[1]}{where}")
+    redis_running = _private_redis_running(run_dir / REDIS_DIR)
+    if redis_running is not None:
+        running.append(f"Redis on {LOCALHOST}:{redis_running[1]}")
+    if not running:
+        return None
+    return (
+        f"devtools: private instances keep running in {run_dir}: {', '.join(running)}. "
+        "`make stop` stops them; `make clean-run` deletes them with their data and the local KMS key"
+    )
 
 
 def stop_private(run_dir: Path, *, log: Log = print) -> None:
     """Stop the private PostgreSQL and Redis started under ``run_dir``, if they run.
 
     PostgreSQL: ``pg_ctl stop -m fast`` (or SIGINT to the postmaster when no ``pg_ctl`` is
-    found); Redis: ``SHUTDOWN NOSAVE`` (SIGTERM if it does not exit within 10 s). Data stays in
-    ``run_dir``; the next :func:`ensure_services` starts them again without a new initdb. Does
-    nothing for services that are not running. Raises :class:`DevServicesError` if a service
-    does not stop.
+    found); Redis: ``SHUTDOWN NOSAVE`` (SIGTERM if it does not exit within 10 s). The data is
+    kept; the next :func:`ensure_services` starts them again without a new initdb. Does nothing
+    for services that are not running. Raises :class:`DevServicesError` if a service does not
+    stop.
     """
     run_dir = Path(run_dir).absolute()
     if not run_dir.is_dir():
@@ -218,6 +282,31 @@ def stop_private(run_dir: Path, *, log: Log = print) -> None:
     with _locked(run_dir):
         _stop_private_pg(run_dir, log)
         _stop_private_redis(run_dir, log)
+
+
+def remove_private(run_dir: Path, *, log: Log = print) -> None:
+    """Stop the private PostgreSQL and Redis of ``run_dir`` and delete their data: the cluster
+    (also its home in a state directory, as root), its log and the Redis directory. Other files
+    in ``run_dir`` stay. Does nothing when ``run_dir`` does not exist."""
+    run_dir = Path(run_dir).absolute()
+    if not run_dir.is_dir():
+        return
+    with _locked(run_dir):
+        _stop_private_pg(run_dir, log)
+        _stop_private_redis(run_dir, log)
+        link = run_dir / PG_DIR
+        home = _state_home(link)
+        if home is not None and home.exists():
+            with _locked_state(home.parent):
+                shutil.rmtree(home)
+            log(f"devtools: postgres: deleted {home}")
+        for name in (PG_DIR, PG_LOG, PG_INIT_DIR, REDIS_DIR):
+            path = run_dir / name
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.is_dir():
+                shutil.rmtree(path)
+    log(f"devtools: deleted the private PostgreSQL and Redis data of {run_dir}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -361,31 +450,28 @@ def _redact(url: str) -> str:
 def _try_local_pg(port: int, log: Log) -> str | None:
     """The default local PostgreSQL URL if it answers and lets ``postgres`` in, else ``None``."""
     if not _tcp_open(port):
-        log(f"devservices: postgres: nothing answers on {LOCALHOST}:{port}")
+        log(f"devtools: postgres: nothing answers on {LOCALHOST}:{port}")
         return None
     error = _pg_check(_pg_url(port, "postgres"), wait=3.0, create_db=DATABASE_NAME)
     if error is not None:
         log(
-            f"devservices: postgres: {LOCALHOST}:{port} answers but is not usable "
+            f"devtools: postgres: {LOCALHOST}:{port} answers but is not usable "
             f"(user {PG_SUPERUSER}, no password): {error}"
         )
         return None
-    url = _pg_url(port, DATABASE_NAME)
-    log(f"devservices: postgres: using the local server, {url}")
-    return url
+    return _pg_url(port, DATABASE_NAME)
 
 
 def _try_local_redis(port: int, log: Log) -> str | None:
     """The default local Redis URL if it answers ``PING`` without a password, else ``None``."""
     if not _tcp_open(port):
-        log(f"devservices: redis: nothing answers on {LOCALHOST}:{port}")
+        log(f"devtools: redis: nothing answers on {LOCALHOST}:{port}")
         return None
     url = _redis_url(port)
     error = _redis_check(url, wait=3.0)
     if error is not None:
-        log(f"devservices: redis: {LOCALHOST}:{port} answers but is not usable: {error}")
+        log(f"devtools: redis: {LOCALHOST}:{port} answers but is not usable: {error}")
         return None
-    log(f"devservices: redis: using the local server, {url}")
     return url
 
 
@@ -490,7 +576,7 @@ def _pg_service_user(data_dir: Path, log: Log) -> _User | None:
         with contextlib.suppress(KeyError):
             return _user_from_pw(pwd.getpwnam(name))
     useradd = shutil.which("useradd") or "/usr/sbin/useradd"
-    log(f"devservices: creating system user {FALLBACK_SYSTEM_USER!r} to run PostgreSQL (not root)")
+    log(f"devtools: creating system user {FALLBACK_SYSTEM_USER!r} to run PostgreSQL (not root)")
     _run(
         [
             useradd,
@@ -520,14 +606,9 @@ def _give_to(path: Path, user: _User | None) -> None:
                     os.chown(os.path.join(root, name), user.uid, user.gid, follow_symlinks=False)
 
 
-def _ensure_traversable(path: Path, user: _User | None, log: Log) -> None:
-    """Give ``user`` the search (x) permission on every directory from ``/`` down to ``path``.
-
-    Only the one permission class that applies to ``user`` (owner, group or other) is changed,
-    and only where it lacks ``x``; each change is logged.
-    """
-    if user is None:
-        return
+def _reachable(path: Path, user: _User) -> bool:
+    """Whether ``user`` may search (``x``) every directory from ``/`` down to ``path``, as the
+    modes and owners stand (only the one permission class that applies to ``user`` counts)."""
     for directory in [*reversed(path.parents), path]:
         st = directory.stat()
         if st.st_uid == user.uid:
@@ -537,12 +618,135 @@ def _ensure_traversable(path: Path, user: _User | None, log: Log) -> None:
         else:
             bit = stat.S_IXOTH
         if not st.st_mode & bit:
-            mode = stat.S_IMODE(st.st_mode) | bit
-            log(
-                f"devservices: chmod {mode:o} {directory} so that user {user.name!r} "
-                "can reach the private PostgreSQL data directory"
+            return False
+    return True
+
+
+def _state_dir_for(run_dir: Path) -> Path:
+    """:data:`TEMP_STATE_DIR` for a run directory in the temporary directory, else
+    :data:`STATE_DIR`."""
+    real = run_dir.resolve()
+    temporary = {Path("/tmp").resolve(), Path(tempfile.gettempdir()).resolve()}
+    return TEMP_STATE_DIR if any(real.is_relative_to(t) for t in temporary) else STATE_DIR
+
+
+@contextlib.contextmanager
+def _locked_state(state_dir: Path) -> Iterator[None]:
+    """Hold the lock of ``state_dir`` (creating it, root-owned ``0755``, when missing)."""
+    try:
+        try:
+            state_dir.mkdir()
+            state_dir.chmod(0o755)  # ours: whatever the umask, the service user must pass
+        except FileExistsError:
+            pass
+        st = state_dir.lstat()
+    except OSError as exc:
+        raise DevServicesError(f"cannot create {state_dir} for the private PostgreSQL: {exc}") from exc
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise DevServicesError(
+            f"{state_dir} must be a directory owned by root and writable by root only; it is not, so "
+            "devtools will not keep PostgreSQL clusters there: remove it or fix its owner and mode"
+        )
+    with _locked(state_dir):
+        yield
+
+
+def _state_home(link: Path) -> Path | None:
+    """The cluster home in a state directory that ``run_dir/pg`` links to, if it is such a link."""
+    if not link.is_symlink():
+        return None
+    target = Path(os.readlink(link))
+    home = target.parent
+    if (
+        target.name != PG_DIR
+        or home.parent not in (STATE_DIR, TEMP_STATE_DIR)
+        or not re.fullmatch(r"[0-9a-f]{16}", home.name)
+    ):
+        return None
+    return home
+
+
+@dataclass(frozen=True)
+class _PgPlace:
+    """Where a private cluster lives: ``home`` holds the data directory and the server log."""
+
+    home: Path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.home / PG_DIR
+
+    @property
+    def log_file(self) -> Path:
+        return self.home / PG_LOG
+
+
+def _pg_place(run_dir: Path, user: _User | None, log: Log) -> _PgPlace:
+    """Where the private cluster of ``run_dir`` lives, making its home if needed (see the module
+    docstring): ``run_dir`` itself when ``user`` is the caller (``None``) or can reach it as
+    things stand, else a home of its own in a state directory, linked from ``run_dir``."""
+    link = run_dir / PG_DIR
+    if user is None:
+        return _PgPlace(run_dir)
+    state_dir = _state_dir_for(run_dir)
+    with _locked_state(state_dir):
+        _collect_orphans(state_dir, log)
+    home = _state_home(link)
+    if home is not None and home.is_dir():
+        marker = home / STATE_MARKER
+        with contextlib.suppress(OSError):
+            if marker.read_text().strip() == str(run_dir):
+                return _PgPlace(home)
+        with _locked_state(home.parent):  # the project moved: its home follows it
+            marker.write_text(f"{run_dir}\n")
+        return _PgPlace(home)
+    if link.is_symlink():  # dangling (its home was deleted) or not ours: start afresh
+        link.unlink()
+    if link.exists() and _reachable(link, user):
+        return _PgPlace(run_dir)  # a cluster made in run_dir, reachable as it is
+    with _locked_state(state_dir):
+        home = state_dir / hashlib.sha256(str(run_dir).encode()).hexdigest()[:16]
+        if home.exists():  # left by an earlier run dir of this path, deleted since: never reused
+            _stop_pg_cluster(home / PG_DIR, log)
+            shutil.rmtree(home)
+        home.mkdir(mode=0o700)
+        os.chown(home, user.uid, user.gid)
+        if not _reachable(home, user):
+            shutil.rmtree(home)
+            raise DevServicesError(
+                f"user {user.name!r} cannot reach {home} (a directory above it is closed to it), and devtools "
+                "changes no permissions there: set DATABASE_URL to a running PostgreSQL instead"
             )
-            directory.chmod(mode)
+        (home / STATE_MARKER).write_text(f"{run_dir}\n")
+        if link.exists():  # an older cluster inside run_dir that user cannot reach: move it out
+            log(f"devtools: postgres: moving {link} to {home / PG_DIR}, where user {user.name!r} can reach it")
+            shutil.move(link, home / PG_DIR)
+            if (run_dir / PG_LOG).exists() and not (run_dir / PG_LOG).is_symlink():
+                shutil.move(run_dir / PG_LOG, home / PG_LOG)
+        link.symlink_to(home / PG_DIR)
+    (run_dir / PG_LOG).unlink(missing_ok=True)
+    (run_dir / PG_LOG).symlink_to(home / PG_LOG)
+    return _PgPlace(home)
+
+
+def _collect_orphans(state_dir: Path, log: Log) -> None:
+    """Delete the cluster homes in ``state_dir`` that their run directory no longer links to
+    (it was deleted, or moved and not used since) and whose server is not running. The caller
+    holds :func:`_locked_state`."""
+    for home in state_dir.iterdir():
+        if not re.fullmatch(r"[0-9a-f]{16}", home.name) or home.is_symlink() or not home.is_dir():
+            continue
+        try:
+            owner = Path((home / STATE_MARKER).read_text().strip())
+        except OSError:
+            continue
+        if _state_home(owner / PG_DIR) == home:
+            continue
+        running = _postmaster_pid_file(home / PG_DIR)
+        if running is not None and _pid_alive(running[0]):
+            continue
+        shutil.rmtree(home, ignore_errors=True)
+        log(f"devtools: postgres: deleted {home}, the private cluster of {owner}, which is gone")
 
 
 # --------------------------------------------------------------------------------------------
@@ -606,7 +810,7 @@ def apt_install(packages: list[str], *, log: Log, unable: str) -> None:
     if os.geteuid() != 0 or apt_get is None:
         why = "not running as root" if os.geteuid() != 0 else "apt-get is not available"
         raise DevServicesError(unable.format(why=why, wanted=wanted))
-    log(f"devservices: installing {wanted} with apt-get (this can take a minute)")
+    log(f"devtools: installing {wanted} with apt-get (this can take a minute)")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for cmd in (
         [apt_get, "update"],
@@ -647,7 +851,7 @@ def _install_missing(*, need_pg: bool, need_redis: bool, run_dir: Path, log: Log
         return
     apt_install(packages, log=log, unable=(
         "server binaries missing and cannot install them ({why}): install the packages "
-        "{wanted} (Debian: sudo apt-get install -y {wanted}), or set DATABASE_URL / REDIS_URL "
+        "{wanted} (Debian: sudo apt-get install --no-install-recommends {wanted}), or set DATABASE_URL / REDIS_URL "
         "to running servers"
     ))
     if need_pg and "postgresql" in packages and not _pg_candidate_bindirs():
@@ -684,18 +888,18 @@ def _pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _init_pg_cluster(run_dir: Path, bindir: Path, user: _User | None, log: Log) -> None:
-    """``initdb`` into ``run_dir/pg.init``, configure it, then rename it to ``run_dir/pg``.
+def _init_pg_cluster(place: _PgPlace, bindir: Path, user: _User | None, log: Log) -> None:
+    """``initdb`` into ``pg.init`` beside the data directory, configure it, then rename it.
 
     The rename makes the initialisation all-or-nothing: an interrupted initdb leaves only
     ``pg.init``, which the next call discards.
     """
-    staging = run_dir / PG_INIT_DIR
+    staging = place.home / PG_INIT_DIR
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(mode=0o700)
     _give_to(staging, user)
-    log(f"devservices: postgres: initdb {run_dir / PG_DIR} ({bindir})")
+    log(f"devtools: postgres: initdb {place.data_dir} ({bindir})")
     _run(
         [
             str(bindir / "initdb"),
@@ -709,7 +913,7 @@ def _init_pg_cluster(run_dir: Path, bindir: Path, user: _User | None, log: Log) 
             "--no-sync",
         ],
         user=user,
-        cwd=run_dir,
+        cwd=place.home,
     )
     with open(staging / "postgresql.conf", "a") as conf:
         conf.write(
@@ -718,40 +922,37 @@ def _init_pg_cluster(run_dir: Path, bindir: Path, user: _User | None, log: Log) 
             "unix_socket_directories = ''\t# TCP only: no socket path length limits\n"
             "synchronous_commit = off\t# a crash may lose the last commits, never corrupts\n"
         )
-    staging.rename(run_dir / PG_DIR)
+    staging.rename(place.data_dir)
 
 
 def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
     """Initialise (once) and start (unless running) the private cluster; make sure database
     ``authio`` exists. Returns ``(port it listens on, whether this call started it)``."""
-    data_dir = run_dir / PG_DIR
-    bindir = _find_pg_bindir(data_dir)
+    bindir = _find_pg_bindir(run_dir / PG_DIR)
     if bindir is None:  # _install_missing ran just before; this is a genuine failure
         raise DevServicesError("no PostgreSQL server binaries (postgres, initdb, pg_ctl) found")
-    user = _pg_service_user(data_dir, log)
-    log_file = run_dir / PG_LOG
+    user = _pg_service_user(run_dir / PG_DIR, log)
+    place = _pg_place(run_dir, user, log)
+    data_dir, log_file = place.data_dir, place.log_file
     if not (data_dir / "PG_VERSION").is_file():
         if data_dir.exists():
             raise DevServicesError(f"{data_dir} exists but is not a PostgreSQL data directory; delete it")
-        _ensure_traversable(run_dir, user, log)
-        _init_pg_cluster(run_dir, bindir, user, log)
+        _init_pg_cluster(place, bindir, user, log)
     _give_to(data_dir, user)
-    _ensure_traversable(data_dir, user, log)
 
     pg_ctl = str(bindir / "pg_ctl")
-    status, _ = _run([pg_ctl, "status", "-D", str(data_dir)], user=user, cwd=run_dir, check=False, timeout=30)
+    status, _ = _run([pg_ctl, "status", "-D", str(data_dir)], user=user, cwd=place.home, check=False, timeout=30)
     running = _postmaster_pid_file(data_dir)
     if status == 0 and running is not None:
         actual_port = running[1]
         if actual_port != port:
-            log(f"devservices: postgres: private instance already runs on port {actual_port} (not {port}); reusing it")
+            log(f"devtools: postgres: private instance already runs on port {actual_port} (not {port}); reusing it")
         error = _pg_check(_pg_url(actual_port, "postgres"), wait=10.0, create_db=DATABASE_NAME)
         if error is None:
-            log(f"devservices: postgres: reusing private instance on {LOCALHOST}:{actual_port}")
             return actual_port, False
         raise DevServicesError(
             f"the private PostgreSQL in {data_dir} runs but does not answer on port "
-            f"{actual_port} ({error}); stop it with `python -m common.devservices stop`"
+            f"{actual_port} ({error}); stop it with `python -m devtools stop`"
         )
 
     if _tcp_open(port):
@@ -779,7 +980,7 @@ def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
                 f"-p {port}",
             ],
             user=user,
-            cwd=run_dir,
+            cwd=place.home,
             timeout=90,
         )
     except DevServicesError as exc:
@@ -791,14 +992,15 @@ def _ensure_private_pg(run_dir: Path, port: int, log: Log) -> tuple[int, bool]:
         )
     owner = f" as user {user.name!r}" if user is not None else ""
     log(
-        f"devservices: postgres: started private instance on {LOCALHOST}:{port}{owner} in "
+        f"devtools: postgres: started private instance on {LOCALHOST}:{port}{owner} in "
         f"{time.monotonic() - began:.1f} s (data {data_dir}, log {log_file})"
     )
     return port, True
 
 
-def _stop_private_pg(run_dir: Path, log: Log) -> None:
-    data_dir = run_dir / PG_DIR
+def _stop_pg_cluster(data_dir: Path, log: Log) -> None:
+    """Stop the server running from ``data_dir`` (a real path), if any, as the owner of
+    ``data_dir`` when we are root."""
     running = _postmaster_pid_file(data_dir)
     if running is None or not _pid_alive(running[0]):
         return
@@ -809,13 +1011,17 @@ def _stop_private_pg(run_dir: Path, log: Log) -> None:
         _run(
             [str(bindir / "pg_ctl"), "stop", "-D", str(data_dir), "-m", "fast", "-w", "-t", "60"],
             user=user,
-            cwd=run_dir,
+            cwd=data_dir.parent,
             timeout=90,
         )
     else:  # binaries gone: SIGINT is what "pg_ctl stop -m fast" sends
         os.kill(pid, signal.SIGINT)
         _wait_until(lambda: not _pid_alive(pid), 60.0, f"PostgreSQL (pid {pid}) to stop")
-    log(f"devservices: postgres: stopped private instance on {LOCALHOST}:{port}")
+    log(f"devtools: postgres: stopped private instance on {LOCALHOST}:{port}")
+
+
+def _stop_private_pg(run_dir: Path, log: Log) -> None:
+    _stop_pg_cluster((run_dir / PG_DIR).resolve(), log)
 
 
 # --------------------------------------------------------------------------------------------
@@ -856,12 +1062,11 @@ def _ensure_private_redis(run_dir: Path, port: int, log: Log) -> tuple[int, bool
         error = _redis_check(_redis_url(actual_port), wait=5.0)
         if error is None:
             if actual_port != port:
-                log(f"devservices: redis: private instance already runs on port {actual_port} (not {port}); reusing it")
-            log(f"devservices: redis: reusing private instance on {LOCALHOST}:{actual_port}")
+                log(f"devtools: redis: private instance already runs on port {actual_port} (not {port}); reusing it")
             return actual_port, False
         raise DevServicesError(
             f"the private Redis (pid {running[0]}) runs but does not answer on port "
-            f"{actual_port} ({error}); stop it with `python -m common.devservices stop`"
+            f"{actual_port} ({error}); stop it with `python -m devtools stop`"
         )
     if _tcp_open(port):
         raise DevServicesError(
@@ -903,7 +1108,7 @@ def _ensure_private_redis(run_dir: Path, port: int, log: Log) -> tuple[int, bool
     if error is not None:
         raise DevServicesError(f"the private Redis did not come up on port {port}: {error}\n{_tail(logfile)}")
     log(
-        f"devservices: redis: started private instance on {LOCALHOST}:{port} in "
+        f"devtools: redis: started private instance on {LOCALHOST}:{port} in "
         f"{time.monotonic() - began:.1f} s (dir {redis_dir})"
     )
     return port, True
@@ -926,7 +1131,7 @@ def _stop_private_redis(run_dir: Path, log: Log) -> None:
         os.kill(pid, signal.SIGTERM)
         _wait_until(lambda: not _pid_alive(pid), 10.0, f"Redis (pid {pid}) to stop after SIGTERM")
     (redis_dir / REDIS_PIDFILE).unlink(missing_ok=True)
-    log(f"devservices: redis: stopped private instance on {LOCALHOST}:{port}")
+    log(f"devtools: redis: stopped private instance on {LOCALHOST}:{port}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -939,7 +1144,7 @@ def _stderr(message: str) -> None:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m common.devservices",
+        prog="python -m devtools",
         description="Provide PostgreSQL and Redis for `make run` / `make test`.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -960,6 +1165,11 @@ def _parser() -> argparse.ArgumentParser:
     ensure_opts.add_argument("--redis-port", type=int, default=6379)
     ensure_opts.add_argument("--private-pg-port", type=int, default=55432)
     ensure_opts.add_argument("--private-redis-port", type=int, default=56379)
+    ensure_opts.add_argument(
+        "--hint",
+        action="store_true",
+        help="then say where the private instances in use live and how to stop them",
+    )
     sub.add_parser(
         "ensure",
         parents=[common, ensure_opts],
@@ -971,7 +1181,13 @@ def _parser() -> argparse.ArgumentParser:
         help="run a command with DATABASE_URL and REDIS_URL set",
     )
     run.add_argument("argv", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
-    sub.add_parser("stop", parents=[common], help="stop private instances")
+    sub.add_parser("stop", parents=[common], help="stop the private instances (their data is kept)")
+    sub.add_parser("remove", parents=[common], help="stop the private instances and delete their data")
+    sub.add_parser(
+        "hint",
+        parents=[common],
+        help="say where the running private instances live and how to stop them (nothing if none runs)",
+    )
     return parser
 
 
@@ -979,8 +1195,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring); returns the exit status."""
     args = _parser().parse_args(argv)
     try:
+        if args.command == "hint":
+            hint = private_instances_hint(args.run_dir)
+            if hint is not None:
+                _stderr(hint)
+            return 0
         if args.command == "stop":
+            if private_instances_hint(args.run_dir) is None:
+                _stderr(f"devtools: no private PostgreSQL or Redis runs in {args.run_dir.absolute()}")
             stop_private(args.run_dir, log=_stderr)
+            return 0
+        if args.command == "remove":
+            remove_private(args.run_dir, log=_stderr)
             return 0
         urls = ensure_services(
             run_dir=args.run_dir,
@@ -994,8 +1220,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             log=_stderr,
         )
     except DevServicesError as exc:
-        _stderr(f"devservices: error: {exc}")
+        _stderr(f"devtools: error: {exc}")
         return 1
+    if args.hint:
+        hint = private_instances_hint(args.run_dir)
+        if hint is not None:
+            _stderr(hint)
     if args.command == "ensure":
         print(f"export DATABASE_URL={shlex.quote(urls.database_url)}")
         print(f"export REDIS_URL={shlex.quote(urls.redis_url)}", flush=True)
@@ -1004,15 +1234,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     if not command:
-        _stderr("devservices: error: exec needs a command: exec -- CMD [ARG...]")
+        _stderr("devtools: error: exec needs a command: exec -- CMD [ARG...]")
         return 2
     env = dict(os.environ, DATABASE_URL=urls.database_url, REDIS_URL=urls.redis_url)
     try:
         os.execvpe(command[0], command, env)
     except OSError as exc:
-        _stderr(f"devservices: error: cannot run {command[0]}: {exc}")
+        _stderr(f"devtools: error: cannot run {command[0]}: {exc}")
         return 127
 
-
-if __name__ == "__main__":
-    sys.exit(main())
