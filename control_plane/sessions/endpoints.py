@@ -37,10 +37,9 @@ _GRANT: Final = Reply(200, "A new access token (also set as the service_session 
 
 
 async def _change_org(call: Call, body: OrgBody, *, switch: bool) -> web.Response:
-    async with call.connection() as conn:
-        grant = await service.change_organization(
-            conn, call.actor, claims=call.session_claims, organization_id=body.organization_id,
-            switch=switch, tokens=call.app[TOKENS], settings=call.settings, iat=int(time.time()))
+    grant = await service.change_organization(
+        call.pool, call.actor, claims=call.session_claims, organization_id=body.organization_id,
+        switch=switch, tokens=call.app[TOKENS], settings=call.settings, iat=int(time.time()))
     return call.reply_signed_in(grant, access_token=grant.access_token, max_age=grant.expires_in)
 
 
@@ -72,10 +71,9 @@ async def post_session_refresh(call: Call) -> web.Response:
                         details={"reason": "missing"})
     require_json(request)
     body = parse_model(RefreshBody, data)
-    async with call.connection() as conn:
-        grant = await service.refresh(conn, call.actor, token=body.refresh_token,
-                                      tokens=call.app[TOKENS], settings=call.settings,
-                                      redis=call.app[REDIS], iat=int(time.time()))
+    grant = await service.refresh(call.pool, call.actor, token=body.refresh_token,
+                                  tokens=call.app[TOKENS], settings=call.settings,
+                                  redis=call.app[REDIS], iat=int(time.time()))
     return call.reply_signed_in(grant, access_token=grant.access_token, max_age=grant.expires_in)
 
 

@@ -35,6 +35,7 @@ from common.access_tokens import AccessClaims
 from common.auth import token_digest
 from common.errors import NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
 from common.ids import is_id
+from common.revocations import Revoked
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.sessions import repository
@@ -157,13 +158,14 @@ async def describe(conn: asyncpg.Connection, claims: AccessClaims) -> CurrentSes
 
 
 async def change_organization(
-    conn: asyncpg.Connection, actor: Actor, *, claims: AccessClaims, organization_id: str,
+    pool: asyncpg.Pool, actor: Actor, *, claims: AccessClaims, organization_id: str,
     switch: bool, tokens: TokenService, settings: Settings, iat: int,
 ) -> Grant:
     """Select (``switch`` False) or switch to ``organization_id`` for the caller's session and
-    answer a new access token carrying it. Raises NoSession, NoOrgSelected, OrgAlreadySelected,
-    NotAMember."""
-    async with conn.transaction():
+    answer a new access token carrying it, signed once the connection is back in the pool (a
+    signing key may have to be loaded through the pool). Raises NoSession, NoOrgSelected,
+    OrgAlreadySelected, NotAMember."""
+    async with pool.acquire() as conn, conn.transaction():
         session = await current_session(conn, claims, for_update=True)
         project_id = claims.pid
         previous = session.organization_id
@@ -193,9 +195,10 @@ async def change_organization(
                        refresh_token=None)
 
 
-async def refresh(conn: asyncpg.Connection, actor: Actor, *, token: str, tokens: TokenService,
+async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: TokenService,
                   settings: Settings, redis: Redis, iat: int) -> Grant:
-    """Rotate the refresh ``token`` and answer a new access token.
+    """Rotate the refresh ``token`` and answer a new access token (signed once the connection is
+    back in the pool: a signing key may have to be loaded through the pool).
 
     The rotation is one statement (``repository.REFRESH``): it locks the session, then reads
     the token's state. A current token rotates every current generation of the session. A
@@ -209,33 +212,38 @@ async def refresh(conn: asyncpg.Connection, actor: Actor, *, token: str, tokens:
     session too.
     """
     new_token, new_digest = new_refresh_token()
-    row = await conn.fetchrow(
-        repository.REFRESH, token_digest(token), new_digest,
-        timedelta(seconds=settings.refresh_reuse_grace_seconds),
-        iat + settings.access_token_ttl_seconds,
-    )
-    assert row is not None
-    outcome, sess = row["outcome"], row["sess"]
-    if outcome == "unknown":
-        raise NoSession("Unknown refresh token.", details={"reason": "unknown_refresh_token"})
-    if outcome == "revoked":
-        raise NoSession("The session was revoked.", details={"reason": "session_revoked"})
-    if outcome == "expired":
-        raise NoSession("The session expired.", details={"reason": "session_expired"})
-    if outcome == "reused":
-        user_actor = actor.as_user(sess["user_id"], project_id=sess["project_id"])
-        async with conn.transaction():
-            revoked = await revoke_session(conn, sess["id"], reason="refresh_token_reused")
-            if revoked is None:  # revoked meanwhile by another request
-                raise NoSession("The session was revoked.", details={"reason": "session_revoked"})
-            await audit.record(
-                conn, user_actor, action="session.revoked", target_type="session",
-                target_id=sess["id"], user_id=sess["user_id"],
-                description="Revoked the session: a rotated refresh token was presented again",
-                metadata={"reason": "refresh_token_reused", "generation": row["generation"],
-                          "latest_generation": row["latest"]},
-            )
-        await publish_revocations(redis, settings.redis_prefix, [revoked[1]])
+    reused: Revoked | None = None
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(
+            repository.REFRESH, token_digest(token), new_digest,
+            timedelta(seconds=settings.refresh_reuse_grace_seconds),
+            iat + settings.access_token_ttl_seconds,
+        )
+        assert row is not None
+        outcome, sess = row["outcome"], row["sess"]
+        if outcome == "unknown":
+            raise NoSession("Unknown refresh token.", details={"reason": "unknown_refresh_token"})
+        if outcome == "revoked":
+            raise NoSession("The session was revoked.", details={"reason": "session_revoked"})
+        if outcome == "expired":
+            raise NoSession("The session expired.", details={"reason": "session_expired"})
+        if outcome == "reused":
+            user_actor = actor.as_user(sess["user_id"], project_id=sess["project_id"])
+            async with conn.transaction():
+                revoked = await revoke_session(conn, sess["id"], reason="refresh_token_reused")
+                if revoked is None:  # revoked meanwhile by another request
+                    raise NoSession("The session was revoked.",
+                                    details={"reason": "session_revoked"})
+                await audit.record(
+                    conn, user_actor, action="session.revoked", target_type="session",
+                    target_id=sess["id"], user_id=sess["user_id"],
+                    description="Revoked the session: a rotated refresh token was presented again",
+                    metadata={"reason": "refresh_token_reused", "generation": row["generation"],
+                              "latest_generation": row["latest"]},
+                )
+            reused = revoked[1]
+    if reused is not None:
+        await publish_revocations(redis, settings.redis_prefix, [reused])
         raise NoSession("This refresh token was already used; the session has been revoked.",
                         details={"reason": "refresh_token_reused"})
     assert outcome == "rotated"
