@@ -17,20 +17,21 @@ from aiohttp import ClientSession
 from common.settings import Settings
 from control_plane.appkeys import KEYRING
 from tests.fixtures.identity import add_member, email, make_org, session_call, sign_in
-from tests.fixtures.service import bootstrap_project, combined_app, serving
+from tests.fixtures.service import Api, bootstrap_project, combined_app, serving
 
 POOL = 2
 CALLERS = 8  # four times the pool
 
 
 async def test_refreshes_and_org_switches_beyond_the_pool_while_the_key_reloads(
-    settings_factory: Callable[..., Settings], http: ClientSession,
+    settings_factory: Callable[..., Settings], http: ClientSession, service: Api,
 ) -> None:
     app = combined_app(settings_factory(pg_pool_max=POOL))
     async with serving(http, app) as api:
         project = await bootstrap_project(api)
         org_a, org_b = await make_org(project), await make_org(project)
-        signed = [await sign_in(project, email(), api=api) for _ in range(CALLERS)]
+        # The session's service delivers messages too (one outbox): ask both mailboxes.
+        signed = [await sign_in(project, email(), api=api, also=[service]) for _ in range(CALLERS)]
         for s in signed:
             await add_member(project, org_a["id"], s.user_id)
             await add_member(project, org_b["id"], s.user_id)
