@@ -8,6 +8,7 @@ which the test stops and starts for real; no fault is simulated.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from aiohttp import ClientSession
 
 from common.settings import Settings
 from control_plane.migrate import upgrade
-from devtools import ensure_services, stop_private
+from devtools import ensure_services, remove_private, stop_private
 from tests.fixtures.service import assert_error, bootstrap_project, combined_app, free_ports, serving
 
 
@@ -65,4 +66,5 @@ async def test_outage_is_db_unavailable_and_recovers(
                 await asyncio.sleep(0.1)
             assert r.status == 201, r.body
     finally:
-        await asyncio.to_thread(stop_private, run_dir, log=lambda _: None)
+        await asyncio.to_thread(remove_private, run_dir, log=lambda _: None)
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -18,6 +18,7 @@ import email
 import email.policy
 import os
 import secrets
+import shutil
 import ssl
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -38,7 +39,7 @@ from control_plane.messages import service as messages
 from control_plane.messages import tasks as outbox
 from control_plane.migrate import upgrade
 from control_plane.web.schemas import Channel
-from devtools import ensure_services, stop_private
+from devtools import ensure_services, remove_private, stop_private
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import link_in, token_of
 from tests.fixtures.peers import (
@@ -507,7 +508,8 @@ async def test_worker_survives_a_postgresql_restart(
             finally:
                 await pool.close()
     finally:
-        await asyncio.to_thread(stop_private, run_dir, log=lambda _: None)
+        await asyncio.to_thread(remove_private, run_dir, log=lambda _: None)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # --- the transaction decides; the body is sealed -------------------------------------------------
