@@ -79,11 +79,6 @@ class Params:
         other._names = dict(self._names)
         return other
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The named parameters in ``$n`` order."""
-        return tuple(self._names)
-
     def bind(self, values: Mapping[str, object]) -> list[object]:
         """The arguments of a named statement, in ``$n`` order. Raises KeyError for a missing
         or an unknown name."""

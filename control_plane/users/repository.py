@@ -29,16 +29,6 @@ async def find_by_email(conn: asyncpg.Connection | asyncpg.Pool, project_id: str
     return user(row) if row is not None else None
 
 
-async def find_by_phone(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
-                        phone_number: str) -> User | None:
-    """The project's user with the E.164 ``phone_number`` (exact match)."""
-    row = await conn.fetchrow(
-        f"SELECT {COLUMNS} FROM users WHERE project_id = $1 AND phone_number = $2",
-        project_id, phone_number,
-    )
-    return user(row) if row is not None else None
-
-
 async def find(conn: asyncpg.Connection | asyncpg.Pool, user_id: str, *,
                project_id: str | None = None, for_update: bool = False) -> User | None:
     """The user ``user_id`` (of ``project_id`` when given); its row locked for the caller's

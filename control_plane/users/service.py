@@ -33,8 +33,11 @@ from control_plane.users.schemas import CreatedUser, CreateUser, UpdateUser, Use
 from control_plane.web.actor import Actor
 from control_plane.web.pagination import Listing, Page, page_by_id
 
-find_by_email = repository.find_by_email
-find_by_phone = repository.find_by_phone
+
+async def find_by_email(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                        email: str) -> User | None:
+    """The project's user with ``email`` (normalized; compared case-insensitively), or None."""
+    return await repository.find_by_email(conn, project_id, email)
 
 
 def _unique_violation(exc: asyncpg.UniqueViolationError) -> Exception:
