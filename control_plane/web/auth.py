@@ -1,21 +1,17 @@
 """How a route authenticates its caller: one object per kind, which both authenticates a
 request into a :class:`~control_plane.web.actor.Call` and tells the OpenAPI document how.
 
-=================  ============================================================================
-``ApiKey(*scopes)``  ``Authorization: Bearer sk_...`` holding one of ``scopes`` (none: any key);
-                     DESIGN.md "API keys"; the actor is the key. Raises MissingApiKey,
-                     InvalidApiKey, InsufficientScope.
-``Session(check)``   the access token as ``Authorization: Bearer`` or the ``service_session``
-                     cookie (SPEC.md 3 "S"), verified by ``common.access_tokens``; with
-                     ``check``, the session itself must still be active before the body is
-                     read. The actor is the user. Raises NoSession.
-``Bootstrap()``      ``x-service-bootstrap-token`` (SPEC.md 4 rule 1), compared in constant time;
-                     the actor is the operator. Raises BootstrapDisabled, MissingBootstrapToken.
-``Public()``         a public route naming its project (DESIGN.md "project of public
-                     endpoints"); the actor is anonymous in that project. Raises InvalidRequest,
-                     ProjectNotFound.
-``Anonymous()``      nobody in particular; the actor is anonymous.
-=================  ============================================================================
+* ``ApiKey(*scopes)``: ``Authorization: Bearer sk_...`` holding one of ``scopes`` (none: any
+  key; DESIGN.md "API keys"). The actor is the key. Raises MissingApiKey, InvalidApiKey,
+  InsufficientScope.
+* ``Session(check)``: the access token as ``Authorization: Bearer`` or the ``service_session``
+  cookie (SPEC.md 3 "S"), verified by ``common.access_tokens``; with ``check``, the session
+  itself must still be active before the body is read. The actor is the user. Raises NoSession.
+* ``Bootstrap()``: ``x-service-bootstrap-token`` (SPEC.md 4 rule 1), compared in constant time.
+  The actor is the operator. Raises BootstrapDisabled, MissingBootstrapToken.
+* ``Public()``: a public route naming its project (DESIGN.md "project of public endpoints").
+  The actor is anonymous, in that project. Raises InvalidRequest, ProjectNotFound.
+* ``Anonymous()``: nobody in particular; the actor is anonymous.
 """
 
 from __future__ import annotations
