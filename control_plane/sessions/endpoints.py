@@ -81,10 +81,9 @@ async def post_session_refresh(call: Call) -> web.Response:
           replies=[Reply(200, "The session, revoked; the cookie is cleared.", RevokedSession)])
 async def post_session_revoke(call: Call) -> web.Response:
     """Sign out: revoke the session everywhere, at once."""
-    async with call.connection() as conn:
-        revoked = await service.revoke_current(conn, call.actor, claims=call.session_claims,
-                                               redis=call.app[REDIS],
-                                               redis_prefix=call.settings.redis_prefix)
+    revoked = await service.revoke_current(call.pool, call.actor, claims=call.session_claims,
+                                           redis=call.app[REDIS],
+                                           redis_prefix=call.settings.redis_prefix)
     response = call.reply(revoked)
     clear_session_cookie(response)
     return response

@@ -253,11 +253,11 @@ async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: Token
                        iat=iat, refresh_token=new_token)
 
 
-async def revoke_current(conn: asyncpg.Connection, actor: Actor, *, claims: AccessClaims,
+async def revoke_current(pool: asyncpg.Pool, actor: Actor, *, claims: AccessClaims,
                          redis: Redis, redis_prefix: str) -> RevokedSession:
-    """Revoke the caller's session (``session.revoked``) and announce it to verifiers after
-    commit. Raises NoSession."""
-    async with conn.transaction():
+    """Revoke the caller's session (``session.revoked``) and announce it to verifiers once it
+    committed and the connection is back in the pool (Redis may be slow). Raises NoSession."""
+    async with pool.acquire() as conn, conn.transaction():
         session = await current_session(conn, claims, for_update=True)
         revoked = await revoke_session(conn, session.id, reason="revoked")
         assert revoked is not None  # locked and active above

@@ -97,9 +97,7 @@ async def delete_api_key(call: Call) -> web.Response:
 
     Every process refuses it at once (within a second even if the announcement is lost).
     Idempotent; a key may not revoke one with more access than itself."""
-    async with call.connection() as conn:
-        key = await service.revoke_api_key(
-            conn, call.actor, key_id=call.path("key_id"),
-            authenticator=call.app[AUTHENTICATOR], redis=call.app[REDIS],
-            redis_prefix=call.settings.redis_prefix)
+    key = await service.revoke_api_key(
+        call.pool, call.actor, key_id=call.path("key_id"), authenticator=call.app[AUTHENTICATOR],
+        redis=call.app[REDIS], redis_prefix=call.settings.redis_prefix)
     return call.reply(key)

@@ -107,11 +107,12 @@ async def create_api_key(conn: asyncpg.Connection, actor: Actor, *,
 
 
 async def revoke_api_key(
-    conn: asyncpg.Connection, actor: Actor, *, key_id: str, authenticator: ApiKeyAuthenticator,
+    pool: asyncpg.Pool, actor: Actor, *, key_id: str, authenticator: ApiKeyAuthenticator,
     redis: Redis, redis_prefix: str,
 ) -> ApiKey:
-    """Revoke ``key_id`` and, once committed, drop it from this process's cache and announce it
-    to every other (a failed announcement is logged; caches expire it within their TTL).
+    """Revoke ``key_id`` and, once committed and the connection is back in the pool (Redis may
+    be slow), drop it from this process's cache and announce it to every other (a failed
+    announcement is logged; caches expire it within their TTL).
 
     Idempotent: revoking a revoked key returns it unchanged with no new event. Raises NotFound
     when the project has no such key, InsufficientScope when the key holds more access than the
@@ -119,7 +120,7 @@ async def revoke_api_key(
     """
     revoker = actor.api_key
     assert revoker is not None
-    async with conn.transaction():
+    async with pool.acquire() as conn, conn.transaction():
         found = await repository.lock_key(conn, revoker.project_id, key_id)
         if found is None:
             raise NotFound("No API key with that id in this project.")

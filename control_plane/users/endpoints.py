@@ -86,7 +86,6 @@ async def delete_user(call: Call) -> web.Response:
     """Delete a user: memberships, sessions and tokens go with it, and its live sessions are
     refused at the edge at once."""
     user_id = call.path("user_id")
-    async with call.connection() as conn:
-        await service.remove_user(conn, call.actor, user_id=user_id, redis=call.app[REDIS],
-                                  redis_prefix=call.settings.redis_prefix)
+    await service.remove_user(call.pool, call.actor, user_id=user_id, redis=call.app[REDIS],
+                              redis_prefix=call.settings.redis_prefix)
     return call.reply(Deleted(user_id))

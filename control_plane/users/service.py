@@ -141,13 +141,14 @@ async def update_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str,
     return updated
 
 
-async def remove_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str, redis: Redis,
+async def remove_user(pool: asyncpg.Pool, actor: Actor, *, user_id: str, redis: Redis,
                       redis_prefix: str) -> None:
     """Hard-delete the user with ``user.deleted``; its live sessions are revoked in the same
-    transaction and announced to verifiers after commit. Raises UserNotFound."""
+    transaction and announced to verifiers once it committed and the connection is back in the
+    pool (Redis may be slow). Raises UserNotFound."""
     project_id = actor.project_id
     assert project_id is not None
-    async with conn.transaction():
+    async with pool.acquire() as conn, conn.transaction():
         user = await find_user(conn, project_id, user_id, for_update=True)
         revoked = await sessions.revoke_user_sessions(conn, user_id=user_id, reason="user_deleted")
         await repository.delete(conn, user_id)

@@ -1,4 +1,5 @@
-"""Answers that sign an access token give their connection back to the pool first.
+"""Calls that sign an access token or announce a revocation give their connection back to the
+pool first.
 
 Signing may load the project's key through the pool (the keyring's cache is seconds long, and a
 rotation empties it): a request that held its connection while signing, with as many such
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import ClientSession
 
 from common.settings import Settings
 from control_plane.appkeys import KEYRING
 from tests.fixtures.identity import add_member, email, make_org, session_call, sign_in
+from tests.fixtures.peers import StallingProxy
 from tests.fixtures.service import Api, bootstrap_project, combined_app, serving
 
 POOL = 2
@@ -52,3 +55,41 @@ async def test_refreshes_and_org_switches_beyond_the_pool_while_the_key_reloads(
                 session_call(api, "POST", "/v1/sessions/switch-org", r.body["access_token"],
                              {"organization_id": org_b["id"]}) for r in refreshed))
         assert [r.status for r in switched] == [200] * CALLERS, [r.body for r in switched]
+
+
+async def test_revocations_announce_after_giving_the_connection_back(
+    settings_factory: Callable[..., Settings], http: ClientSession, service: Api, redis_url: str,
+) -> None:
+    """Revoking a session, deleting a user and revoking an API key announce it on Redis after
+    their connection is back in the pool: while Redis stalls, the announcements wait and the
+    rest of the service keeps its database (a reviewer found all three publishing with the
+    connection held: a read waited 2.7 s behind two of them with a pool of 2)."""
+    url = urlsplit(redis_url)
+    async with StallingProxy(url.hostname or "127.0.0.1", url.port or 6379) as proxy:
+        proxied = urlunsplit(url._replace(netloc=f"127.0.0.1:{proxy.port}"))
+        app = combined_app(settings_factory(pg_pool_max=POOL, redis_url=proxied))
+        async with serving(http, app) as api:
+            project = await bootstrap_project(api)
+            sessions = [await sign_in(project, email(), api=api, also=[service]) for _ in range(3)]
+            doomed = sessions[1].user_id  # deleting it revokes its session: an announcement
+            extra = await project.api.post("/v1/api-keys", {"prefix": "sk_live_", "name": "x",
+                                                            "scopes": ["users:read"]})
+            assert extra.status == 201, extra.body
+
+            proxy.stall()
+            calls = [
+                asyncio.create_task(session_call(api, "POST", "/v1/sessions/revoke",
+                                                 sessions[0].access_token)),
+                asyncio.create_task(project.api.delete(f"/v1/users/{doomed}")),
+                asyncio.create_task(project.api.delete(f"/v1/api-keys/{extra.body['id']}")),
+            ]
+            await asyncio.sleep(0.5)  # all three are waiting on Redis now
+            assert [c.done() for c in calls] == [False, False, False], [c.result().body for c in calls if c.done()]
+            async with asyncio.timeout(2):  # the pool is free for everyone else
+                listed = await project.api.get("/v1/users")
+                me = await session_call(api, "GET", "/v1/sessions/me", sessions[2].access_token)
+            assert listed.status == 200 and me.status == 200
+            proxy.resume()
+            async with asyncio.timeout(10):
+                done = await asyncio.gather(*calls)
+            assert [r.status for r in done] == [200, 200, 200], [r.body for r in done]
