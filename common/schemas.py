@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Final, Self, TypeVar
+from typing import Annotated, Any, ClassVar, Final, TypeVar
 
 from aiohttp import web
 from multidict import MultiMapping
@@ -25,11 +25,13 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    GetJsonSchemaHandler,
     StringConstraints,
     ValidationError,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
 
 from common.errors import InvalidRequest, ServiceError
 from common.http import read_json
@@ -69,16 +71,34 @@ class PatchModel(RequestModel):
 
     nullable_fields: ClassVar[frozenset[str]] = frozenset()
 
-    @model_validator(mode="after")
-    def _not_empty_and_no_null(self) -> Self:
-        fields = type(self).model_fields
-        if not self.model_fields_set:
-            raise ValueError(f"give at least one of {', '.join(fields)}")
-        for name in fields:
-            if (name in self.model_fields_set and name not in self.nullable_fields
-                    and getattr(self, name) is None):
-                raise ValueError(f"{name} cannot be null")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _not_empty_and_no_null(cls, data: Any) -> Any:
+        # Before the fields: a misplaced null is the body's first fault, whatever else is wrong.
+        if isinstance(data, dict):
+            fields = cls.model_fields
+            if not data:
+                raise ValueError(f"give at least one of {', '.join(fields)}")
+            for name in fields:
+                if data.get(name, ...) is None and name not in cls.nullable_fields:
+                    raise ValueError(f"{name} cannot be null")
+        return data
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core: CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        """The document says the same: at least one field, ``null`` only where allowed."""
+        schema = handler(core)
+        target = handler.resolve_ref_schema(schema)
+        target["minProperties"] = 1
+        for name, prop in target.get("properties", {}).items():
+            prop.pop("default", None)
+            options = prop.get("anyOf")
+            if name not in cls.nullable_fields and options:
+                kept = [o for o in options if o.get("type") != "null"]
+                del prop["anyOf"]
+                prop.update(kept[0] if len(kept) == 1 else {"anyOf": kept})
+        return schema
 
 
 

@@ -12,11 +12,14 @@ from pydantic import Field
 from common.errors import (
     InvalidDestination,
     InvalidEmail,
+    InvitationNotFound,
     InvitationNotPending,
+    NoSession,
     RateLimited,
     TokenConsumed,
     TokenExpired,
     TokenInvalidOrExpired,
+    UserNotFound,
 )
 from common.routing import Reply, RouteTable
 from common.schemas import QueryModel
@@ -66,7 +69,8 @@ def _device(request: web.Request) -> dict[str, Any]:
 
 @endpoint(routes, "POST", service.VERIFY_PATH, auth=auth.Anonymous(), json_only=True,
           headers={PROJECT_HEADER: "The link's project, when the query does not name it."},
-          errors=[TokenConsumed, TokenExpired, TokenInvalidOrExpired, InvitationNotPending],
+          errors=[TokenConsumed, TokenExpired, TokenInvalidOrExpired, InvitationNotPending,
+                  InvitationNotFound, UserNotFound, NoSession],
           replies=[Reply(200, "Signed in (the service_session cookie is set too).", Grant)])
 async def post_magic_link_verify(call: Call, query: VerifyQuery, body: VerifyBody) -> web.Response:
     """Redeem a magic link: sign in.

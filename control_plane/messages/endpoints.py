@@ -6,6 +6,8 @@ or, unset, a local base URL); elsewhere the path is ``not_found``.
 
 from __future__ import annotations
 
+from typing import Final
+
 from aiohttp import web
 
 from common.errors import InsufficientScope
@@ -20,15 +22,16 @@ from control_plane.web.endpoint import endpoint
 dev_routes = RouteTable("development", "Served to local development runs only.")
 
 
-@endpoint(dev_routes, "GET", "/v1/dev/mailbox", auth=auth.ApiKey(), errors=[InsufficientScope],
+# Reading live sign-in links is the power to sign in as anyone, more than any one scope grants.
+FULL_ACCESS: Final = auth.ApiKey(full_access=(
+    "The development mailbox shows live sign-in links: it needs a full-access API key "
+    "(one created without scopes)."))
+
+
+@endpoint(dev_routes, "GET", "/v1/dev/mailbox", auth=FULL_ACCESS, errors=[InsufficientScope],
           replies=[Reply(200, "The project's delivered messages, newest first.", Mailbox)])
 async def get_dev_mailbox(call: Call, query: MailboxQuery) -> web.Response:
     """The messages this process's console sink delivered for the project (links included).
 
-    Needs a full-access key: reading live sign-in links is the power to sign in as anyone, more
-    than any one scope grants."""
-    if call.principal.scopes:
-        raise InsufficientScope(
-            "The development mailbox shows live sign-in links: it needs a full-access API key "
-            "(one created without scopes).", details={"requires": "full_access"})
+    Needs a full-access key (one created without scopes)."""
     return call.reply(service.mailbox(call.app[MAILBOX], call.project_id, query))

@@ -85,12 +85,6 @@ class Call:
         return self.actor.project_id
 
     @property
-    def principal(self) -> Principal:
-        """The calling API key (API-key routes)."""
-        assert self.actor.api_key is not None, "this route is not authenticated by an API key"
-        return self.actor.api_key
-
-    @property
     def session_claims(self) -> AccessClaims:
         """The verified access-token claims (session routes)."""
         assert self.claims is not None, "this route is not authenticated by a session"

@@ -67,17 +67,22 @@ def request_actor(request: web.Request, type: ActorType, id: str | None, *,
 
 
 class ApiKey:
-    """An API key holding at least one of ``scopes`` (none given: any key)."""
+    """An API key holding at least one of ``scopes`` (none given: any key); with
+    ``full_access``, only a key created without scopes (for what no scope is enough for, such
+    as reading live sign-in links; ``refusal`` says why)."""
 
     security: Final[tuple[Security, ...]] = ("api_key",)
     names_project: Final = False
 
-    def __init__(self, *scopes: str) -> None:
+    def __init__(self, *scopes: str, full_access: str | None = None) -> None:
         self.scopes: Final = scopes
+        self.full_access: Final = full_access
 
     async def __call__(self, request: web.Request) -> Call:
         principal = await request.app[AUTHENTICATOR].authenticate(
             request.headers.get("Authorization"))
+        if self.full_access is not None and principal.scopes:
+            raise InsufficientScope(self.full_access, details={"requires": "full_access"})
         if self.scopes and not any(principal.allows(s) for s in self.scopes):
             raise InsufficientScope(
                 f"This API key needs one of the scopes {', '.join(self.scopes)}.",

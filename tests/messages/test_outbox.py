@@ -609,6 +609,9 @@ async def test_mailbox_needs_a_full_access_key_and_valid_query(project: Project)
     for scopes in (["audit:read"], ["users:read"], ["users:read", "users:write", "organizations:write"]):
         assert_error(await project.api.get("/v1/dev/mailbox", key=await key(scopes)), 403,
                      "insufficient_scope")
+    # Before the query is read.
+    assert_error(await project.api.get("/v1/dev/mailbox?limit=0", key=await key(["audit:read"])),
+                 403, "insufficient_scope")
     assert (await project.api.get("/v1/dev/mailbox", key=await key([]))).status == 200
     assert (await project.api.get("/v1/dev/mailbox")).status == 200  # the bootstrap key: full access
     assert_error(await project.api.get("/v1/dev/mailbox", key=None), 401, "missing_api_key")

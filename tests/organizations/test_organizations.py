@@ -189,6 +189,8 @@ async def test_patch_slug_rules(project: Project, db: asyncpg.Pool) -> None:
     assert_error(await patch(project.api, org["id"], {"slug": "Bad Slug"}), 422, "invalid_slug")
     assert_error(await patch(project.api, org["id"], {}), 400, "invalid_request")
     assert_error(await patch(project.api, org["id"], {"slug": None}), 400, "invalid_request")
+    assert_error(await patch(project.api, org["id"], {"slug": "Bad", "name": None}), 400,
+                 "invalid_request")  # a misplaced null comes first
     assert_error(await patch(project.api, org["id"], {"owner": "x"}), 400, "invalid_request")
     assert (await project.api.get(f"/v1/organizations/{org['id']}")).body["slug"] == org["slug"]
     assert await events(db, project.id, "organization.updated") == []

@@ -329,6 +329,7 @@ async def test_patch_phone_conflict_and_clear(project: Project, db: asyncpg.Pool
     ({"email": None}, "body"),
     ({"metadata": None}, "body"),
     ({"email_verified": None}, "body"),
+    ({"email": "nope", "name": None}, "body"),  # a misplaced null comes first
     ({"name": 5}, "name"),
     ({"phone_number": "555"}, "phone_number"),
     ({"metadata": {"x": "y" * 17_000}}, "metadata"),
