@@ -1,11 +1,21 @@
-"""PostgreSQL pool setup (asyncpg; plain SQL, no ORM on hot paths)."""
+"""Connections: the PostgreSQL pool (asyncpg; plain SQL, no ORM on hot paths), its parameter
+allocator, and the Redis client."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import Mapping
+from typing import Final
 
 import asyncpg
 import orjson
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
 class PooledConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg ships no stubs
@@ -98,3 +108,80 @@ async def delete_in_batches(pool: asyncpg.Pool, sql: str, *, batch: int = 5000) 
         total += n
         if n < batch:
             return total
+
+
+REDIS_RETRIES: Final = 3
+
+
+def create_redis(url: str) -> Redis:
+    """The service's Redis client over its own connection pool.
+
+    A command that meets a connection Redis has dropped (Redis restarted, a failover, an idle
+    timeout) is retried on a new connection, up to ``REDIS_RETRIES`` times with jittered
+    exponential backoff (redis-py's ``retry_on_error``; without it redis-py 8 still fails the
+    first command on every pooled connection after a restart). Idle connections are checked
+    every 30 s before use, and no socket wait lasts more than 5 s.
+    """
+    return Redis.from_url(
+        url, retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), REDIS_RETRIES),
+        retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30,
+        socket_timeout=5, socket_connect_timeout=5,
+    )
+
+
+_LISTEN_CHECK_SECONDS: Final = 10.0
+_RECONNECT_MAX_SECONDS: Final = 30.0
+
+
+def reconnect_delay(failures: int) -> float:
+    """The wait after the ``failures``-th consecutive failure to reach the database: 0.5 s
+    doubling per failure, at most 30 s."""
+    return min(_RECONNECT_MAX_SECONDS, 0.5 * 2.0 ** min(max(failures - 1, 0), 10))
+
+
+async def listen_forever(dsn: str, channel: str, wake: asyncio.Event, *, application_name: str,
+                         logger: logging.Logger) -> None:
+    """Keep a connection of its own (``application_name``) listening on ``channel`` until
+    cancelled, setting ``wake`` on every notification, and on every (re)connection too, since
+    notifications sent while nobody listened are gone. A lost or silent connection (checked
+    every 10 s: a network partition never closes the socket) is reopened with
+    ``reconnect_delay`` backoff; whoever waits on ``wake`` should also poll meanwhile."""
+    failures = 0
+    while True:
+        try:
+            await _listen_once(dsn, channel, wake, application_name=application_name,
+                               logger=logger, reconnected=failures > 0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures += 1
+            delay = reconnect_delay(failures)
+            logger.warning("lost the %s listener (%s: %s); reconnecting in %.1f s (polling "
+                           "meanwhile)", channel, type(exc).__name__, exc, delay)
+            await asyncio.sleep(delay)
+        else:
+            failures = 1
+
+
+async def _listen_once(dsn: str, channel: str, wake: asyncio.Event, *, application_name: str,
+                       logger: logging.Logger, reconnected: bool) -> None:
+    """One listening connection, until it is lost (returns) or cannot be opened (raises)."""
+    conn = await asyncpg.connect(dsn, timeout=10,
+                                 server_settings={"application_name": application_name})
+    try:
+        lost = asyncio.Event()
+        conn.add_termination_listener(lambda _conn: lost.set())
+        await conn.add_listener(channel, lambda *_: wake.set())
+        if reconnected:
+            logger.info("listening on %s again", channel)
+        wake.set()
+        while not lost.is_set() and not conn.is_closed():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_LISTEN_CHECK_SECONDS):
+                    await lost.wait()
+            if not lost.is_set() and not conn.is_closed():
+                await conn.fetchval("SELECT 1", timeout=_LISTEN_CHECK_SECONDS)
+        logger.warning("lost the %s listener; reconnecting", channel)
+    finally:
+        if not conn.is_closed():
+            conn.terminate()

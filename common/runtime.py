@@ -17,7 +17,6 @@ from typing import Any, Final
 
 import asyncpg
 from aiohttp import web
-from redis.asyncio import Redis
 
 from common.appkeys import (
     AUTHENTICATOR,
@@ -29,7 +28,7 @@ from common.appkeys import (
     SIGNING_KEYS,
 )
 from common.auth import ApiKeyAuthenticator, follow_revocations
-from common.db import create_pool
+from common.db import create_pool, create_redis
 from common.errors import NotReady
 from common.http import envelope_middleware, json_response
 from common.jwks import PgKeySource
@@ -65,7 +64,7 @@ def install_resources(app: web.Application) -> None:
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     pool = await create_pool(settings.database_url, max_size=settings.pg_pool_max)
-    redis = Redis.from_url(settings.redis_url)
+    redis = create_redis(settings.redis_url)
     auth = ApiKeyAuthenticator(pool, ttl_seconds=settings.api_key_cache_seconds)
     app[PG_POOL], app[REDIS], app[AUTHENTICATOR] = pool, redis, auth
     app[SIGNING_KEYS] = PgKeySource(pool)

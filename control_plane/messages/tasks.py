@@ -25,7 +25,7 @@ import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.db import delete_in_batches
+from common.db import delete_in_batches, listen_forever, reconnect_delay
 from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS, MAILBOX
@@ -47,14 +47,6 @@ LISTEN_APPLICATION_NAME: Final = "authio-outbox-listen"
 CLAIM_BATCH: Final = 10
 MAX_IN_FLIGHT: Final = 16
 BACKOFF_CAP_SECONDS: Final = 3600.0
-_LISTEN_CHECK_SECONDS: Final = 10.0
-_RECONNECT_MAX_SECONDS: Final = 30.0
-
-
-def reconnect_delay(failures: int) -> float:
-    """The wait after the ``failures``-th consecutive failure to reach the database (claiming,
-    or the ``LISTEN`` connection): 0.5 s doubling per failure, at most 30 s."""
-    return min(_RECONNECT_MAX_SECONDS, 0.5 * 2.0 ** min(max(failures - 1, 0), 10))
 
 
 def backoff_seconds(attempts: int, base_seconds: float, *, cap_seconds: float = BACKOFF_CAP_SECONDS,
@@ -108,7 +100,9 @@ class _Worker:
         self._in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        listener = asyncio.create_task(self._listen(), name="outbox-listen")
+        listener = asyncio.create_task(listen_forever(
+            self._settings.database_url, repository.NOTIFY_CHANNEL, self._wake,
+            application_name=LISTEN_APPLICATION_NAME, logger=log), name="outbox-listen")
         try:
             await self._claim_loop()
         finally:
@@ -238,57 +232,6 @@ class _Worker:
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-
-    # -- listening ---------------------------------------------------------------------------
-
-    async def _listen(self) -> None:
-        """Keep a ``LISTEN authio_outbox`` connection open; each notification wakes the claim
-        loop. Reconnects with backoff (the claim loop keeps polling meanwhile)."""
-        failures = 0
-        while True:
-            try:
-                await self._listen_once(reconnected=failures > 0)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                failures += 1
-                delay = reconnect_delay(failures)
-                log.warning("outbox lost its %s listener (%s: %s); reconnecting in %.1f s "
-                            "(polling meanwhile)", repository.NOTIFY_CHANNEL, type(exc).__name__, exc,
-                            delay)
-                await asyncio.sleep(delay)
-            else:
-                failures = 1
-
-    async def _listen_once(self, *, reconnected: bool) -> None:
-        """One listening connection, until it is lost (returns) or cannot be opened (raises).
-        Wakes the claim loop once connected: notifications sent while nobody listened are gone."""
-        conn = await asyncpg.connect(
-            self._settings.database_url, timeout=10,
-            server_settings={"application_name": LISTEN_APPLICATION_NAME},
-        )
-        try:
-            lost = asyncio.Event()
-            conn.add_termination_listener(lambda _conn: lost.set())
-            await conn.add_listener(repository.NOTIFY_CHANNEL, self._on_notify)
-            if reconnected:
-                log.info("outbox listening on %s again", repository.NOTIFY_CHANNEL)
-            self._wake.set()
-            while not lost.is_set() and not conn.is_closed():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_LISTEN_CHECK_SECONDS):
-                        await lost.wait()
-                if not lost.is_set() and not conn.is_closed():
-                    # A silent network partition never closes the socket: ask.
-                    await conn.fetchval("SELECT 1", timeout=_LISTEN_CHECK_SECONDS)
-            log.warning("outbox lost its %s listener; reconnecting", repository.NOTIFY_CHANNEL)
-        finally:
-            if not conn.is_closed():
-                conn.terminate()
-
-    def _on_notify(self, conn: object, pid: int, channel: str, payload: object) -> None:
-        self._wake.set()
-
 
 # --- wiring -------------------------------------------------------------------------------------
 
