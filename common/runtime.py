@@ -110,12 +110,25 @@ async def every(interval_seconds: float, step: Callable[[], Awaitable[object]], 
 
 async def stop_tasks(*tasks: asyncio.Task[Any]) -> None:
     """Cancel the background ``tasks`` of an app and wait until each has ended (the end of a
-    ``cleanup_ctx``). Their cancellation is expected and not raised; another error is."""
+    ``cleanup_ctx``). Their cancellation is expected and not raised; another error is.
+
+    A library that swallows a ``CancelledError`` (seen inside client reconnect loops) would
+    otherwise leave its task running forever and the shutdown waiting on it, so a task still
+    running ``CANCEL_REPEAT_SECONDS`` after the request is cancelled again."""
     for task in tasks:
         task.cancel()
     for task in tasks:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=CANCEL_REPEAT_SECONDS)
+            if done:
+                break
+            log.info("task %s ignored its cancellation; cancelling it again", task.get_name())
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+CANCEL_REPEAT_SECONDS: Final = 1.0
 
 
 async def close_pool(pool: asyncpg.Pool) -> None:
