@@ -125,6 +125,12 @@ class DbUnavailable(ServiceError):
     code, status, default_message = "db_unavailable", 503, "The database is unavailable."
 
 
+class ServiceUnavailable(ServiceError):
+    """A store the request needs (Redis) cannot be reached; ``Retry-After`` says when to retry."""
+
+    code, status, default_message = "service_unavailable", 503, "The service is unavailable; retry shortly."
+
+
 class NotReady(ServiceError):
     """The service is still starting (stores loading, log not followed yet)."""
 
@@ -207,6 +213,13 @@ class InvitationPending(ServiceError):
 class InvitationNotPending(ServiceError):
     code, status, default_message = (
         "invitation_not_pending", 409, "The invitation was already accepted, revoked or expired.")
+
+
+class Forbidden(ServiceError):
+    """The caller is known but this request is refused (DESIGN.md: ``forbidden`` 403, edge
+    validation's denied check; here also a cross-origin cookie request, ``web.auth``)."""
+
+    code, status, default_message = "forbidden", 403, "Forbidden."
 
 
 class NotAMember(ServiceError):

@@ -32,6 +32,7 @@ from pydantic_core import core_schema
 from common.errors import (
     BootstrapDisabled,
     DbUnavailable,
+    Forbidden,
     InsufficientScope,
     InternalError,
     InvalidApiKey,
@@ -468,6 +469,8 @@ def _errors_of(op: Operation, has_path_params: bool) -> list[type[ServiceError]]
             errors.append(InsufficientScope)
     if "session" in op.security:
         errors.append(NoSession)
+        if op.method not in ("GET", "HEAD", "OPTIONS"):
+            errors.append(Forbidden)  # a cross-origin request carrying the cookie
     if "bootstrap_token" in op.security:
         errors += [MissingBootstrapToken, BootstrapDisabled]
     if op.project:

@@ -6,7 +6,9 @@ request into a :class:`~control_plane.web.actor.Call` and tells the OpenAPI docu
   InsufficientScope.
 * ``Session(check)``: the access token as ``Authorization: Bearer`` or the ``service_session``
   cookie (SPEC.md 3 "S"), verified by ``common.access_tokens``; with ``check``, the session
-  itself must still be active before the body is read. The actor is the user. Raises NoSession.
+  itself must still be active before the body is read. The actor is the user. Raises NoSession;
+  an unsafe method authenticated by the cookie alone raises Forbidden when a browser says the
+  request came from another origin (``check_same_origin``).
 * ``Bootstrap()``: ``x-service-bootstrap-token`` (SPEC.md 4 rule 1), compared in constant time.
   The actor is the operator. Raises BootstrapDisabled, MissingBootstrapToken.
 * ``Public()``: a public route naming its project (DESIGN.md "project of public endpoints").
@@ -21,6 +23,7 @@ import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Final, Protocol
+from urllib.parse import urlsplit
 
 import asyncpg
 from aiohttp import web
@@ -28,7 +31,13 @@ from aiohttp import web
 from common.access_tokens import AccessClaims, InvalidToken, KeySource, verify_access_token
 from common.appkeys import AUTHENTICATOR, PG_POOL, SETTINGS, SIGNING_KEYS
 from common.auth import Principal
-from common.errors import BootstrapDisabled, InsufficientScope, MissingBootstrapToken, NoSession
+from common.errors import (
+    BootstrapDisabled,
+    Forbidden,
+    InsufficientScope,
+    MissingBootstrapToken,
+    NoSession,
+)
 from common.http import client_ip
 from common.routing import Security
 from common.settings import Settings
@@ -93,11 +102,56 @@ class ApiKey:
 
 
 def presented_access_token(request: web.Request) -> str | None:
-    """The Bearer access token, else the ``service_session`` cookie."""
+    """The Bearer access token, else the ``service_session`` cookie (then checked to come from
+    this origin, ``check_same_origin``)."""
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    return request.cookies.get(SESSION_COOKIE) or None
+    token = request.cookies.get(SESSION_COOKIE) or None
+    if token is not None:
+        check_same_origin(request, request.app[SETTINGS])
+    return token
+
+
+SAFE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def check_same_origin(request: web.Request, settings: Settings) -> None:
+    """Refuse a cross-origin unsafe request that a browser sent with the session cookie
+    (cross-site request forgery; OWASP's CSRF cheat sheet, "Verifying Origin With Standard
+    Headers", in the form Go's ``http.CrossOriginProtection`` takes).
+
+    SameSite=Lax already keeps the cookie off cross-site POSTs; this also refuses a sibling
+    origin of the same site (``evil.example.com`` against ``auth.example.com``), and browsers
+    that ignore SameSite. Safe methods pass. A browser's ``Sec-Fetch-Site`` decides when sent
+    (``same-origin`` or ``none``, a user's own navigation, pass); else an ``Origin`` must be
+    the public base URL's origin or the ``Host`` the request was sent to. A request with
+    neither header comes from no browser (every browser in use sends one of them with an
+    unsafe request), and no browser means no ambient cookie to forge with: it passes.
+    Raises Forbidden (``details.reason`` ``cross_origin``)."""
+    if request.method in SAFE_METHODS:
+        return
+    fetch_site = request.headers.get("Sec-Fetch-Site")
+    origin = request.headers.get("Origin")
+    if fetch_site is not None:
+        allowed = fetch_site in ("same-origin", "none") or _trusted_origin(origin, settings)
+    elif origin is not None:
+        allowed = _trusted_origin(origin, settings) or urlsplit(origin).netloc == request.host
+    else:
+        allowed = True
+    if not allowed:
+        raise Forbidden(
+            "A request authenticated by the session cookie must come from this service's own "
+            "origin; send the access token as a Bearer token from other origins.",
+            details={"reason": "cross_origin", "origin": origin})
+
+
+def _trusted_origin(origin: str | None, settings: Settings) -> bool:
+    if origin is None or origin == "null":
+        return False
+    ours = urlsplit(settings.public_base_url)
+    theirs = urlsplit(origin)
+    return (theirs.scheme, theirs.netloc) == (ours.scheme, ours.netloc)
 
 
 async def verify_access(keys: KeySource, settings: Settings, token: str) -> AccessClaims:
