@@ -16,6 +16,7 @@ from common.errors import (
     InvitationNotPending,
     NoSession,
     RateLimited,
+    ServiceUnavailable,
     TokenConsumed,
     TokenExpired,
     TokenInvalidOrExpired,
@@ -44,7 +45,7 @@ class VerifyQuery(QueryModel):
 
 
 @endpoint(routes, "POST", "/v1/auth/magic-link/send", auth=auth.Public(),
-          errors=[InvalidDestination, InvalidEmail, RateLimited],
+          errors=[InvalidDestination, InvalidEmail, RateLimited, ServiceUnavailable],
           replies=[Reply(200, "The link is on its way.", Sent)])
 async def post_magic_link_send(call: Call, body: SendBody) -> web.Response:
     """Send a sign-in link to an email address or phone number.

@@ -4,20 +4,34 @@ Built on the ``limits`` library's moving-window strategy (exact over the window,
 window edges) with its redis-py storage. A limit string is ``limits``' notation, several joined
 by ``;`` (``"5/15minutes"``, ``"30/minute;300/hour"``). An exceeded limit raises RateLimited
 (429) with ``Retry-After`` in whole seconds (RFC 9110 10.2.3) and ``details.retry_after``.
+
+Limits fail closed: while Redis cannot be reached, a limited request is refused with 503
+``service_unavailable`` and ``Retry-After`` rather than let through uncounted. What they guard
+costs money or a victim's inbox when unguarded (sign-in links by SMS are billed per message and
+are the target of SMS pumping; by email they can flood an address), and a sign-in that waits a
+few seconds for Redis to return costs little. The client shares the app's Redis pool, whose
+retries reconnect by themselves: the first request after Redis returns is served.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
+from typing import Final
 
 from limits import RateLimitItem, parse_many
 from limits.aio.storage import RedisStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
-from common.errors import RateLimited
+from common.errors import RateLimited, ServiceUnavailable
+
+log = logging.getLogger("authio.ratelimit")
+
+UNAVAILABLE_RETRY_SECONDS: Final = 5
 
 
 class RateLimit:
@@ -30,7 +44,21 @@ class RateLimit:
 
     async def hit(self, identifier: str) -> None:
         """Count one request for ``identifier``. Raises RateLimited when any rate is exceeded
-        (the request is then not counted against the other rates)."""
+        (the request is then not counted against the other rates), ServiceUnavailable when Redis
+        cannot be reached (the limit fails closed)."""
+        try:
+            await self._hit(identifier)
+        except (RedisError, OSError) as exc:
+            log.warning("rate limit %s: Redis unreachable (%s: %s); refusing with 503",
+                        self.scope, type(exc).__name__, exc)
+            raise ServiceUnavailable(
+                f"The {self.scope.replace('_', ' ')} limit cannot be checked right now; retry "
+                f"in {UNAVAILABLE_RETRY_SECONDS} s.",
+                details={"retry_after": UNAVAILABLE_RETRY_SECONDS},
+                headers={"Retry-After": str(UNAVAILABLE_RETRY_SECONDS)},
+            ) from None
+
+    async def _hit(self, identifier: str) -> None:
         for item in self.items:
             if not await self._limiter.hit(item, self.scope, identifier):
                 stats = await self._limiter.get_window_stats(item, self.scope, identifier)
