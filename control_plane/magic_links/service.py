@@ -109,18 +109,38 @@ def client_bucket(ip: str) -> str:
     return str(address)
 
 
+GMAIL_DOMAINS: Final = frozenset({"gmail.com", "googlemail.com"})
+
+
+def destination_bucket(channel: Channel, address: str) -> str:
+    """What the per-destination limit counts: the mailbox behind ``address``, not its
+    spelling. For the limit only (the link still goes to the address as given): letters in
+    either case, a sub-address tag (``a+1@x`` and ``a+2@x`` are ``a@x``, RFC 5233 with the
+    ``+`` separator nearly every provider uses), and Gmail's ignored dots and second domain
+    (``a.b@googlemail.com`` is ``ab@gmail.com``) count as one mailbox. A phone number
+    (E.164, already normalized) is itself."""
+    if channel != "email":
+        return address
+    local, _, domain = address.lower().rpartition("@")
+    local = local.split("+", 1)[0] or local  # "+tag@x" alone has no base to fold into
+    if domain in GMAIL_DOMAINS:
+        local, domain = local.replace(".", "") or local, "gmail.com"
+    return f"{local}@{domain}"
+
+
 async def send_link(pool: asyncpg.Pool, *, project_id: str, destination: tuple[Channel, str],
                     ip: str | None, limits: SendLimits, kms: LocalKms, settings: Settings) -> Sent:
     """Queue a sign-in link to ``destination`` (channel, normalized address).
 
     The answer is the same whether or not a user has that destination (no enumeration); a user
     who does not exist yet is created when the link is redeemed. Limited per destination (per
-    project) and per client IP. Raises RateLimited.
+    project, ``destination_bucket``) and per client IP. Raises RateLimited, and
+    ServiceUnavailable while the limits cannot be counted (Redis away; they fail closed).
     """
     channel, address = destination
     if ip:
         await limits.per_ip.hit(client_bucket(ip))
-    await limits.per_destination.hit(f"{project_id}:{address.lower()}")
+    await limits.per_destination.hit(f"{project_id}:{destination_bucket(channel, address)}")
     async with pool.acquire() as conn, conn.transaction():
         user_id = await repository.user_id_by_destination(conn, project_id, channel, address)
         await issue_link(conn, kms, settings, project_id=project_id, purpose="signin",

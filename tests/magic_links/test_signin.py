@@ -124,6 +124,27 @@ async def test_send_is_rate_limited_per_destination(
         assert_error(await send_link(api, project, to.upper()), 429, "rate_limited")
 
 
+async def test_sub_addresses_share_their_mailbox_limit(
+    http: ClientSession, settings_factory: Callable[..., Settings], project: Project,
+) -> None:
+    """Before: ``a+1@x`` and ``a+2@x`` each had a limit of their own, so one inbox could be
+    flooded through endless tags. The links still go to the address as written."""
+    settings = settings_factory(magic_link_rate_per_destination="2/minute",
+                                magic_link_rate_per_ip="100/minute")
+    local, domain = email().split("@")
+    async with serving(http, combined_app(settings)) as api:
+        for tag in ("1", "2"):
+            assert (await send_link(api, project, f"{local}+{tag}@{domain}")).status == 200
+        assert_error(await send_link(api, project, f"{local}+3@{domain}"), 429, "rate_limited")
+        assert_error(await send_link(api, project, f"{local}@{domain}"), 429, "rate_limited")
+        assert await latest_link(project, f"{local}+2@{domain}")  # delivered as written
+        # Gmail ignores dots and answers to googlemail.com too.
+        for address in (f"{local}.x@gmail.com", f"{local}x@gmail.com"):
+            assert (await send_link(api, project, address)).status == 200
+        assert_error(await send_link(api, project, f"{local}.X+y@googlemail.com"), 429,
+                     "rate_limited")
+
+
 async def test_send_is_rate_limited_per_ip(
     http: ClientSession, settings_factory: Callable[..., Settings], project: Project,
 ) -> None:
