@@ -195,18 +195,6 @@ def revocation_channel(prefix: str) -> str:
     return f"{prefix}api_keys:revoked"
 
 
-async def publish_revocation(redis: Redis, prefix: str, digest: str) -> None:
-    """Tell every process to drop ``digest`` now; a failure is logged (the TTL still bounds it)."""
-    try:
-        # Bounded: the revocation has committed already, and an unreachable Redis must not hold
-        # the caller's request open (every cache still drops the key within its TTL).
-        async with asyncio.timeout(1.0):
-            await redis.publish(revocation_channel(prefix), digest)
-    except Exception:
-        log.warning("could not publish an API key revocation; caches expire it within their TTL",
-                    exc_info=True)
-
-
 async def follow_revocations(redis: Redis, prefix: str, auth: ApiKeyAuthenticator) -> None:
     """Run forever: invalidate cached keys as revocations arrive, reconnecting on failure."""
     channel = revocation_channel(prefix)

@@ -9,12 +9,11 @@ from typing import Final
 
 from aiohttp import web
 
-from common.appkeys import REDIS
 from common.errors import NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
 from common.http import read_json
 from common.routing import Reply, RouteTable
 from common.schemas import parse_model
-from control_plane.appkeys import TOKENS
+from control_plane.appkeys import KMS, TOKENS
 from control_plane.sessions import service
 from control_plane.sessions.schemas import (
     CurrentSession,
@@ -72,8 +71,8 @@ async def post_session_refresh(call: Call) -> web.Response:
     require_json(request)
     body = parse_model(RefreshBody, data)
     grant = await service.refresh(call.pool, call.actor, token=body.refresh_token,
-                                  tokens=call.app[TOKENS], settings=call.settings,
-                                  redis=call.app[REDIS], iat=int(time.time()))
+                                  tokens=call.app[TOKENS], kms=call.app[KMS],
+                                  settings=call.settings, iat=int(time.time()))
     return call.reply_signed_in(grant, access_token=grant.access_token, max_age=grant.expires_in)
 
 
@@ -81,9 +80,8 @@ async def post_session_refresh(call: Call) -> web.Response:
           replies=[Reply(200, "The session, revoked; the cookie is cleared.", RevokedSession)])
 async def post_session_revoke(call: Call) -> web.Response:
     """Sign out: revoke the session everywhere, at once."""
-    revoked = await service.revoke_current(call.pool, call.actor, claims=call.session_claims,
-                                           redis=call.app[REDIS],
-                                           redis_prefix=call.settings.redis_prefix)
+    async with call.connection() as conn:
+        revoked = await service.revoke_current(conn, call.actor, claims=call.session_claims)
     response = call.reply(revoked)
     clear_session_cookie(response)
     return response

@@ -12,6 +12,7 @@ import asyncpg
 
 from common.db import Params
 from control_plane.audit import service as audit
+from control_plane.sessions.revocation import PURGE as REVOCATIONS_PURGE
 from control_plane.sessions.schemas import SESSION_COLUMNS, Session
 from control_plane.users.schemas import USER_FIELDS, User
 
@@ -143,7 +144,7 @@ async def select_organization(conn: asyncpg.Connection, session_id: str, org_id:
     return row
 
 
-REFRESH: Final = "SELECT * FROM authio_refresh_session($1, $2, $3, to_timestamp($4))"
+REFRESH: Final = "SELECT * FROM authio_refresh_session($1, $2, $3, $4, to_timestamp($5))"
 """The rotation in one call of the plpgsql function of migration 0003: it locks the session,
 then reads the token's state (see ``service.refresh``)."""
 
@@ -158,6 +159,8 @@ PURGES: Final = {
     # Refresh generations more than KEEP_GENERATIONS behind a live session's newest: a token
     # that old presented again is then merely unknown (refused) rather than recognised as reuse
     # (refused, and the session revoked).
+    # Revocations a day past their ``until``: no token of theirs verifies any more.
+    "revocations": REVOCATIONS_PURGE,
     "refresh_tokens": f"""
         DELETE FROM refresh_tokens WHERE token_hash IN (
             SELECT t.token_hash FROM refresh_tokens t

@@ -29,19 +29,18 @@ from datetime import timedelta
 from typing import Final, Literal
 
 import asyncpg
-from redis.asyncio import Redis
 
 from common.access_tokens import AccessClaims
 from common.auth import token_digest
 from common.errors import NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
 from common.ids import is_id
-from common.revocations import Revoked
 from common.settings import Settings
 from control_plane.audit import service as audit
+from control_plane.kms import LocalKms
 from control_plane.sessions import repository
 from control_plane.sessions.repository import Head, user_update
 from control_plane.sessions.revocation import (
-    publish_revocations,
+    record_key_revocation,
     revoke_session,
     revoke_user_sessions,
 )
@@ -51,7 +50,7 @@ from control_plane.users.schemas import User
 from control_plane.web.actor import Actor
 
 __all__ = ["CurrentSession", "Grant", "Head", "change_organization", "current_session",
-           "ensure_active", "grant", "publish_revocations", "refresh", "revoke_current",
+           "ensure_active", "grant", "record_key_revocation", "refresh", "revoke_current",
            "revoke_user_sessions", "start_session", "user_update"]
 
 REFRESH_PREFIX: Final = "rt_"
@@ -195,27 +194,34 @@ async def change_organization(
                        refresh_token=None)
 
 
+def _successor_aad(token_hash: bytes) -> bytes:
+    """The KMS associated data of a successor sealed in the row of ``token_hash``."""
+    return b"refresh_successor:" + token_hash
+
+
 async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: TokenService,
-                  settings: Settings, redis: Redis, iat: int) -> Grant:
+                  kms: LocalKms, settings: Settings, iat: int) -> Grant:
     """Rotate the refresh ``token`` and answer a new access token (signed once the connection is
     back in the pool: a signing key may have to be loaded through the pool).
 
     The rotation is one statement (``repository.REFRESH``): it locks the session, then reads
-    the token's state. A current token rotates every current generation of the session. A
-    rotated token is forgiven (a new generation is added, the others left as they are) only if
-    the client presented it before, less than the grace period ago, and no newer generation has
-    been presented since: the client retrying after a lost response, or its requests racing
-    (each racing answer stays usable until one of them is presented). A token that was
-    superseded without ever being presented, or one older than a presented successor, means two
-    parties hold the session's tokens: the session is revoked (``session.revoked``, committed,
-    then announced) and NoSession raised. Raises NoSession for an unknown token or an inactive
-    session too.
+    the token's state. A current token rotates every current generation of the session and
+    remembers its successor (sealed by the KMS). A rotated token is forgiven only if the client
+    presented it before, less than the grace period ago, and no newer generation has been
+    presented since (a retry after a lost answer, two tabs refreshing at once); a forgiven token
+    is answered with the same successor while that one is still current, so every presentation
+    ends with one pair (as Auth0's and Okta's reuse interval do), else with a new generation. A
+    token that was superseded without ever being presented, or one older than a presented
+    successor, means two parties hold the session's tokens: the session is revoked
+    (``session.revoked``, committed with its revocation for the announcer) and NoSession
+    raised. Raises NoSession for an unknown token or an inactive session too.
     """
+    digest = token_digest(token)
     new_token, new_digest = new_refresh_token()
-    reused: Revoked | None = None
+    sealed = kms.seal(new_token.encode(), _successor_aad(digest))
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
-            repository.REFRESH, token_digest(token), new_digest,
+            repository.REFRESH, digest, new_digest, sealed,
             timedelta(seconds=settings.refresh_reuse_grace_seconds),
             iat + settings.access_token_ttl_seconds,
         )
@@ -230,8 +236,8 @@ async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: Token
         if outcome == "reused":
             user_actor = actor.as_user(sess["user_id"], project_id=sess["project_id"])
             async with conn.transaction():
-                revoked = await revoke_session(conn, sess["id"], reason="refresh_token_reused")
-                if revoked is None:  # revoked meanwhile by another request
+                if await revoke_session(conn, sess["id"], reason="refresh_token_reused") is None:
+                    # revoked meanwhile by another request
                     raise NoSession("The session was revoked.",
                                     details={"reason": "session_revoked"})
                 await audit.record(
@@ -241,23 +247,23 @@ async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: Token
                     metadata={"reason": "refresh_token_reused", "generation": row["generation"],
                               "latest_generation": row["latest"]},
                 )
-            reused = revoked[1]
-    if reused is not None:
-        await publish_revocations(redis, settings.redis_prefix, [reused])
-        raise NoSession("This refresh token was already used; the session has been revoked.",
-                        details={"reason": "refresh_token_reused"})
-    assert outcome == "rotated"
+            raise NoSession("This refresh token was already used; the session has been revoked.",
+                            details={"reason": "refresh_token_reused"})
+    if outcome == "replayed":
+        new_token = kms.open(row["successor"], _successor_aad(digest)).decode()
+    else:
+        assert outcome == "rotated"
     role = row["role"]  # None: the membership ended since, the org context was dropped
     return await grant(tokens, settings, project_id=sess["project_id"],
                        session=repository.session_of(sess, role), user=repository.user_of(row),
                        iat=iat, refresh_token=new_token)
 
 
-async def revoke_current(pool: asyncpg.Pool, actor: Actor, *, claims: AccessClaims,
-                         redis: Redis, redis_prefix: str) -> RevokedSession:
-    """Revoke the caller's session (``session.revoked``) and announce it to verifiers once it
-    committed and the connection is back in the pool (Redis may be slow). Raises NoSession."""
-    async with pool.acquire() as conn, conn.transaction():
+async def revoke_current(conn: asyncpg.Connection, actor: Actor, *,
+                         claims: AccessClaims) -> RevokedSession:
+    """Revoke the caller's session (``session.revoked``), committed with its revocation, which
+    the announcer puts on Redis (never waited for here). Raises NoSession."""
+    async with conn.transaction():
         session = await current_session(conn, claims, for_update=True)
         revoked = await revoke_session(conn, session.id, reason="revoked")
         assert revoked is not None  # locked and active above
@@ -266,7 +272,5 @@ async def revoke_current(pool: asyncpg.Pool, actor: Actor, *, claims: AccessClai
             user_id=session.user_id, description="Revoked the session",
             metadata={"reason": "revoked", "organization_id": session.organization_id},
         )
-    ended, until = revoked
-    await publish_revocations(redis, redis_prefix, [until])
-    return RevokedSession(ended)
+    return RevokedSession(revoked)
 

@@ -6,7 +6,7 @@ from typing import Final
 
 from aiohttp import web
 
-from common.appkeys import AUTHENTICATOR, REDIS
+from common.appkeys import AUTHENTICATOR
 from common.errors import DomainInUse, InsufficientScope, NotFound
 from common.routing import Reply, RouteTable
 from control_plane.appkeys import CURSOR_SECRET, KEYRING, KMS
@@ -97,7 +97,7 @@ async def delete_api_key(call: Call) -> web.Response:
 
     Every process refuses it at once (within a second even if the announcement is lost).
     Idempotent; a key may not revoke one with more access than itself."""
-    key = await service.revoke_api_key(
-        call.pool, call.actor, key_id=call.path("key_id"), authenticator=call.app[AUTHENTICATOR],
-        redis=call.app[REDIS], redis_prefix=call.settings.redis_prefix)
+    async with call.connection() as conn:
+        key = await service.revoke_api_key(conn, call.actor, key_id=call.path("key_id"),
+                                           authenticator=call.app[AUTHENTICATOR])
     return call.reply(key)

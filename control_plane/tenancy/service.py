@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-from redis.asyncio import Redis
 
-from common.auth import ApiKeyAuthenticator, Principal, generate_secret, hash_secret, publish_revocation
+from common.auth import ApiKeyAuthenticator, Principal, generate_secret, hash_secret
 from common.errors import DomainInUse, InsufficientScope, NotFound
 from common.ids import new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
+from control_plane.sessions import service as sessions
 from control_plane.signing_keys import service as signing_keys
 from control_plane.tenancy import repository
 from control_plane.tenancy.schemas import (
@@ -107,12 +107,11 @@ async def create_api_key(conn: asyncpg.Connection, actor: Actor, *,
 
 
 async def revoke_api_key(
-    pool: asyncpg.Pool, actor: Actor, *, key_id: str, authenticator: ApiKeyAuthenticator,
-    redis: Redis, redis_prefix: str,
+    conn: asyncpg.Connection, actor: Actor, *, key_id: str, authenticator: ApiKeyAuthenticator,
 ) -> ApiKey:
-    """Revoke ``key_id`` and, once committed and the connection is back in the pool (Redis may
-    be slow), drop it from this process's cache and announce it to every other (a failed
-    announcement is logged; caches expire it within their TTL).
+    """Revoke ``key_id``, committed with its revocation, which the announcer (``sessions``) tells
+    every other process's cache; once committed, this process's cache drops it at once (and
+    every cache expires it within its TTL, whatever happens to the announcement).
 
     Idempotent: revoking a revoked key returns it unchanged with no new event. Raises NotFound
     when the project has no such key, InsufficientScope when the key holds more access than the
@@ -120,7 +119,7 @@ async def revoke_api_key(
     """
     revoker = actor.api_key
     assert revoker is not None
-    async with pool.acquire() as conn, conn.transaction():
+    async with conn.transaction():
         found = await repository.lock_key(conn, revoker.project_id, key_id)
         if found is None:
             raise NotFound("No API key with that id in this project.")
@@ -129,12 +128,12 @@ async def revoke_api_key(
         if key.revoked_at is not None:
             return key
         key = await repository.mark_key_revoked(conn, key_id)
+        await sessions.record_key_revocation(conn, project_id=revoker.project_id, digest=digest)
         await audit.record(
             conn, actor, action="api_key.revoked", target_type="api_key", target_id=key_id,
             description=f"Revoked API key {key.name!r}",
         )
     authenticator.invalidate(digest)
-    await publish_revocation(redis, redis_prefix, digest)
     return key
 
 

@@ -7,7 +7,6 @@ from typing import Final
 
 from aiohttp import web
 
-from common.appkeys import REDIS
 from common.errors import EmailInUse, InvalidEmail, PhoneInUse, UserNotFound
 from common.routing import Reply, RouteTable
 from control_plane.appkeys import CURSOR_SECRET, KMS
@@ -86,6 +85,6 @@ async def delete_user(call: Call) -> web.Response:
     """Delete a user: memberships, sessions and tokens go with it, and its live sessions are
     refused at the edge at once."""
     user_id = call.path("user_id")
-    await service.remove_user(call.pool, call.actor, user_id=user_id, redis=call.app[REDIS],
-                              redis_prefix=call.settings.redis_prefix)
+    async with call.connection() as conn:
+        await service.remove_user(conn, call.actor, user_id=user_id)
     return call.reply(Deleted(user_id))

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 import asyncpg
-from redis.asyncio import Redis
 
 from common.errors import EmailInUse, InvalidRequest, PhoneInUse, UserNotFound
 from common.ids import is_id
@@ -141,23 +140,22 @@ async def update_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str,
     return updated
 
 
-async def remove_user(pool: asyncpg.Pool, actor: Actor, *, user_id: str, redis: Redis,
-                      redis_prefix: str) -> None:
+async def remove_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str) -> None:
     """Hard-delete the user with ``user.deleted``; its live sessions are revoked in the same
-    transaction and announced to verifiers once it committed and the connection is back in the
-    pool (Redis may be slow). Raises UserNotFound."""
+    transaction, their revocations recorded for the announcer (``sessions``). Raises
+    UserNotFound."""
     project_id = actor.project_id
     assert project_id is not None
-    async with pool.acquire() as conn, conn.transaction():
+    async with conn.transaction():
         user = await find_user(conn, project_id, user_id, for_update=True)
-        revoked = await sessions.revoke_user_sessions(conn, user_id=user_id, reason="user_deleted")
+        revoked = await sessions.revoke_user_sessions(conn, user_id=user_id,
+                                                      reason="user_deleted")
         await repository.delete(conn, user_id)
         await audit.record(
             conn, actor, action="user.deleted", target_type="user", target_id=user_id,
             user_id=user_id, description=f"Deleted user {user_id}",
-            metadata={"user_email": user.email, "sessions_revoked": len(revoked)},
+            metadata={"user_email": user.email, "sessions_revoked": revoked},
         )
-    await sessions.publish_revocations(redis, redis_prefix, revoked)
 
 
 async def list_users(pool: asyncpg.Pool, users: Listing, query: UsersQuery) -> Page[User]:

@@ -17,6 +17,7 @@ import pytest
 from aiohttp import ClientSession
 from redis.asyncio import Redis
 
+from common.auth import token_digest
 from common.settings import Settings
 from tests.fixtures.database import events
 from tests.fixtures.identity import SignedIn, add_member, email, make_org, session_call, sign_in
@@ -217,10 +218,11 @@ async def test_the_predecessor_is_forgiven_within_the_grace(service: Api, projec
     s = await sign_in(project, email(), api=service)
     r1 = await refresh(service, s.refresh_token)
     assert r1.status == 200
-    # The response was lost: the client retries with the token it still has.
+    # The response was lost: the client retries with the token it still has, and gets the same
+    # new refresh token (issue 10: one pair for every presentation within the grace).
     retry = await refresh(service, s.refresh_token)
     assert retry.status == 200, retry.body
-    assert retry.body["refresh_token"] not in (s.refresh_token, r1.body["refresh_token"])
+    assert retry.body["refresh_token"] == r1.body["refresh_token"] != s.refresh_token
     assert (await refresh(service, retry.body["refresh_token"])).status == 200
 
 
@@ -239,30 +241,37 @@ async def test_concurrent_refreshes_rotate_once_each(service: Api, project: Proj
     s = await sign_in(project, email(), api=service)
     results = await asyncio.gather(*(refresh(service, s.refresh_token) for _ in range(5)))
     # Serialised on the session: the first rotates, the others present the predecessor within
-    # the grace and each adds a generation. Whichever answer the client kept works.
+    # the grace and get the same successor (two tabs, one pair: issue 10).
     assert [r.status for r in results] == [200] * 5, [r.body for r in results]
-    assert len({r.body["refresh_token"] for r in results}) == 5
-    kept = results[0].body["refresh_token"]  # not necessarily the last one issued
-    r = await refresh(service, kept)
-    assert r.status == 200, r.body
-    # ... and then it alone is current: the other racing answers are superseded.
+    assert len({r.body["refresh_token"] for r in results}) == 1
+    assert len({r.body["access_token"] for r in results}) >= 1
     assert await db.fetchval(
-        "SELECT count(*) FROM refresh_tokens WHERE session_id = $1 AND rotated_at IS NULL",
-        s.session_id) == 1
-    other = results[1].body["refresh_token"]
-    assert_error(await refresh(service, other), 401, "no_session")
+        "SELECT count(*) FROM refresh_tokens WHERE session_id = $1", s.session_id) == 2
+    # Each tab later refreshes with the pair it got: the first rotates it, the second is
+    # forgiven within the grace and answered the same new pair; the session lives on.
+    first = await refresh(service, results[0].body["refresh_token"])
+    second = await refresh(service, results[4].body["refresh_token"])
+    assert first.status == second.status == 200, (first.body, second.body)
+    assert first.body["refresh_token"] == second.body["refresh_token"]
+    assert (await refresh(service, second.body["refresh_token"])).status == 200
 
 
-async def test_two_holders_of_one_token_cannot_take_turns(service: Api, project: Project) -> None:
-    """A stolen refresh token used within the grace gets an answer, but the two holders cannot
-    both go on: the next rotation by either supersedes the other's token, and presenting a
-    superseded token that was never presented is reuse, which revokes the session."""
+async def test_two_holders_of_one_token_cannot_take_turns(service: Api, project: Project,
+                                                         db: asyncpg.Pool) -> None:
+    """A stolen refresh token used within the grace gets the victim's own answer (one pair, never
+    two chains: issue 10), and the two holders cannot take turns beyond it: presenting a rotated
+    token after the grace is reuse, which revokes the session."""
     s = await sign_in(project, email(), api=service)
     victim = await refresh(service, s.refresh_token)  # presents P, receives C1
-    thief = await refresh(service, s.refresh_token)  # P again within the grace: receives C2
+    thief = await refresh(service, s.refresh_token)  # P again within the grace: C1 too
     assert victim.status == thief.status == 200
-    onward = await refresh(service, victim.body["refresh_token"])  # C1 rotates C1 and C2
+    assert thief.body["refresh_token"] == victim.body["refresh_token"]
+    onward = await refresh(service, victim.body["refresh_token"])  # C1 rotates to C2
     assert onward.status == 200, onward.body
+    # The grace runs out (time travel: C1 was presented an hour ago).
+    await db.execute(
+        "UPDATE refresh_tokens SET used_at = now() - interval '1 hour' WHERE token_hash = $1",
+        token_digest(victim.body["refresh_token"]))
     r = await refresh(service, thief.body["refresh_token"])
     assert_error(r, 401, "no_session")
     assert r.body["error"]["details"]["reason"] == "refresh_token_reused"

@@ -36,6 +36,99 @@ branch_labels = None
 depends_on = None
 
 
+REFRESH_FUNCTION = """
+-- Refresh token rotation in one round trip (control_plane.sessions.refresh). Each statement of a
+-- plpgsql function takes a fresh snapshot, so the token's state is read after the session's row
+-- lock is held: concurrent refreshes of one session are serialised and each sees the last one's
+-- rotation. Outcomes: 'unknown', 'revoked', 'expired', 'reused' (nothing changed: the caller
+-- revokes the session and records it), 'rotated' (with the session row after it, and the user's
+-- fields: control_plane.users.USER_COLUMNS, spelled out since asyncpg cannot decode a composite
+-- holding jsonb, which the pool decodes as text).
+CREATE FUNCTION authio_refresh_session(p_token bytea, p_new_token bytea, p_grace interval,
+                                       p_access_expires timestamptz)
+RETURNS TABLE (outcome text, generation integer, latest integer, role text, sess sessions,
+               id text, email text, email_verified boolean, phone_number text,
+               phone_verified boolean, name text, metadata jsonb, created_at timestamptz,
+               updated_at timestamptz, last_sign_in_at timestamptz)
+LANGUAGE plpgsql AS $fn$
+#variable_conflict use_column
+DECLARE
+    s sessions;
+    v_generation integer;
+    v_rotated boolean;
+    v_in_grace boolean;
+    v_latest integer;
+    v_role text;
+BEGIN
+    SELECT * INTO s FROM sessions
+    WHERE id = (SELECT t.session_id FROM refresh_tokens t WHERE t.token_hash = p_token)
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'unknown'::text, NULL::integer, NULL::integer, NULL::text,
+                            NULL::sessions, NULL, NULL, NULL::boolean, NULL, NULL::boolean, NULL,
+                            NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
+        RETURN;
+    END IF;
+    IF s.status <> 'active' OR now() > s.expires_at THEN
+        RETURN QUERY SELECT CASE WHEN s.status <> 'active' THEN 'revoked' ELSE 'expired' END,
+                            NULL::integer, NULL::integer, NULL::text, s, NULL, NULL,
+                            NULL::boolean, NULL, NULL::boolean, NULL, NULL::jsonb,
+                            NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
+        RETURN;
+    END IF;
+    SELECT t.generation, t.rotated_at IS NOT NULL, coalesce(t.used_at > now() - p_grace, false),
+           (SELECT max(l.generation) FROM refresh_tokens l WHERE l.session_id = s.id)
+      INTO v_generation, v_rotated, v_in_grace, v_latest
+      FROM refresh_tokens t WHERE t.token_hash = p_token;
+    IF NOT FOUND THEN  -- deleted since the lock was taken (housekeeping)
+        RETURN QUERY SELECT 'unknown'::text, NULL::integer, NULL::integer, NULL::text,
+                            NULL::sessions, NULL, NULL, NULL::boolean, NULL, NULL::boolean, NULL,
+                            NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
+        RETURN;
+    END IF;
+    -- A rotated token is forgiven only if the client presented it before, within the grace,
+    -- and no newer generation has been presented since.
+    IF v_rotated AND (NOT v_in_grace OR EXISTS (
+            SELECT 1 FROM refresh_tokens t WHERE t.session_id = s.id
+               AND t.generation > v_generation AND t.used_at IS NOT NULL)) THEN
+        RETURN QUERY SELECT 'reused'::text, v_generation, v_latest, NULL::text, s, NULL, NULL,
+                            NULL::boolean, NULL, NULL::boolean, NULL, NULL::jsonb,
+                            NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
+        RETURN;
+    END IF;
+    -- A current token rotates every current generation of the session (the one presented is
+    -- marked used, any others a racing retry left are superseded). A forgiven retry only adds a
+    -- generation: the answer that raced it stays usable until one of them is presented.
+    IF NOT v_rotated THEN
+        UPDATE refresh_tokens t
+           SET rotated_at = now(),
+               used_at = CASE WHEN t.token_hash = p_token THEN now() ELSE t.used_at END
+         WHERE t.session_id = s.id AND t.rotated_at IS NULL;
+    END IF;
+    INSERT INTO refresh_tokens (token_hash, session_id, generation)
+    VALUES (p_new_token, s.id, v_latest + 1);
+    IF s.organization_id IS NOT NULL THEN
+        SELECT m.role INTO v_role FROM memberships m
+         WHERE m.user_id = s.user_id AND m.organization_id = s.organization_id
+           AND m.status = 'active';
+    END IF;
+    -- A membership suspended or removed since drops the organization context.
+    UPDATE sessions x
+       SET last_refreshed_at = now(),
+           organization_id = CASE WHEN v_role IS NULL THEN NULL ELSE x.organization_id END,
+           access_expires_at = greatest(x.access_expires_at, p_access_expires)
+     WHERE x.id = s.id;
+    RETURN QUERY SELECT 'rotated'::text, v_generation, v_latest + 1, v_role, x, u.id, u.email,
+                        u.email_verified, u.phone_number, u.phone_verified, u.name, u.metadata,
+                        u.created_at, u.updated_at, u.last_sign_in_at
+                   FROM sessions x JOIN users u ON u.id = x.user_id WHERE x.id = s.id;
+END
+$fn$;
+"""
+"""The refresh function as this revision made it (0004 replaces it; its downgrade restores
+this)."""
+
+
 def upgrade() -> None:
     run_sql("""
 ALTER TABLE projects
@@ -192,94 +285,7 @@ CREATE TABLE refresh_tokens (
 );
 CREATE INDEX refresh_tokens_current ON refresh_tokens (session_id) WHERE rotated_at IS NULL;
 
--- Refresh token rotation in one round trip (control_plane.sessions.refresh). Each statement of a
--- plpgsql function takes a fresh snapshot, so the token's state is read after the session's row
--- lock is held: concurrent refreshes of one session are serialised and each sees the last one's
--- rotation. Outcomes: 'unknown', 'revoked', 'expired', 'reused' (nothing changed: the caller
--- revokes the session and records it), 'rotated' (with the session row after it, and the user's
--- fields: control_plane.users.USER_COLUMNS, spelled out since asyncpg cannot decode a composite
--- holding jsonb, which the pool decodes as text).
-CREATE FUNCTION authio_refresh_session(p_token bytea, p_new_token bytea, p_grace interval,
-                                       p_access_expires timestamptz)
-RETURNS TABLE (outcome text, generation integer, latest integer, role text, sess sessions,
-               id text, email text, email_verified boolean, phone_number text,
-               phone_verified boolean, name text, metadata jsonb, created_at timestamptz,
-               updated_at timestamptz, last_sign_in_at timestamptz)
-LANGUAGE plpgsql AS $fn$
-#variable_conflict use_column
-DECLARE
-    s sessions;
-    v_generation integer;
-    v_rotated boolean;
-    v_in_grace boolean;
-    v_latest integer;
-    v_role text;
-BEGIN
-    SELECT * INTO s FROM sessions
-    WHERE id = (SELECT t.session_id FROM refresh_tokens t WHERE t.token_hash = p_token)
-    FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN QUERY SELECT 'unknown'::text, NULL::integer, NULL::integer, NULL::text,
-                            NULL::sessions, NULL, NULL, NULL::boolean, NULL, NULL::boolean, NULL,
-                            NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
-        RETURN;
-    END IF;
-    IF s.status <> 'active' OR now() > s.expires_at THEN
-        RETURN QUERY SELECT CASE WHEN s.status <> 'active' THEN 'revoked' ELSE 'expired' END,
-                            NULL::integer, NULL::integer, NULL::text, s, NULL, NULL,
-                            NULL::boolean, NULL, NULL::boolean, NULL, NULL::jsonb,
-                            NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
-        RETURN;
-    END IF;
-    SELECT t.generation, t.rotated_at IS NOT NULL, coalesce(t.used_at > now() - p_grace, false),
-           (SELECT max(l.generation) FROM refresh_tokens l WHERE l.session_id = s.id)
-      INTO v_generation, v_rotated, v_in_grace, v_latest
-      FROM refresh_tokens t WHERE t.token_hash = p_token;
-    IF NOT FOUND THEN  -- deleted since the lock was taken (housekeeping)
-        RETURN QUERY SELECT 'unknown'::text, NULL::integer, NULL::integer, NULL::text,
-                            NULL::sessions, NULL, NULL, NULL::boolean, NULL, NULL::boolean, NULL,
-                            NULL::jsonb, NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
-        RETURN;
-    END IF;
-    -- A rotated token is forgiven only if the client presented it before, within the grace,
-    -- and no newer generation has been presented since.
-    IF v_rotated AND (NOT v_in_grace OR EXISTS (
-            SELECT 1 FROM refresh_tokens t WHERE t.session_id = s.id
-               AND t.generation > v_generation AND t.used_at IS NOT NULL)) THEN
-        RETURN QUERY SELECT 'reused'::text, v_generation, v_latest, NULL::text, s, NULL, NULL,
-                            NULL::boolean, NULL, NULL::boolean, NULL, NULL::jsonb,
-                            NULL::timestamptz, NULL::timestamptz, NULL::timestamptz;
-        RETURN;
-    END IF;
-    -- A current token rotates every current generation of the session (the one presented is
-    -- marked used, any others a racing retry left are superseded). A forgiven retry only adds a
-    -- generation: the answer that raced it stays usable until one of them is presented.
-    IF NOT v_rotated THEN
-        UPDATE refresh_tokens t
-           SET rotated_at = now(),
-               used_at = CASE WHEN t.token_hash = p_token THEN now() ELSE t.used_at END
-         WHERE t.session_id = s.id AND t.rotated_at IS NULL;
-    END IF;
-    INSERT INTO refresh_tokens (token_hash, session_id, generation)
-    VALUES (p_new_token, s.id, v_latest + 1);
-    IF s.organization_id IS NOT NULL THEN
-        SELECT m.role INTO v_role FROM memberships m
-         WHERE m.user_id = s.user_id AND m.organization_id = s.organization_id
-           AND m.status = 'active';
-    END IF;
-    -- A membership suspended or removed since drops the organization context.
-    UPDATE sessions x
-       SET last_refreshed_at = now(),
-           organization_id = CASE WHEN v_role IS NULL THEN NULL ELSE x.organization_id END,
-           access_expires_at = greatest(x.access_expires_at, p_access_expires)
-     WHERE x.id = s.id;
-    RETURN QUERY SELECT 'rotated'::text, v_generation, v_latest + 1, v_role, x, u.id, u.email,
-                        u.email_verified, u.phone_number, u.phone_verified, u.name, u.metadata,
-                        u.created_at, u.updated_at, u.last_sign_in_at
-                   FROM sessions x JOIN users u ON u.id = x.user_id WHERE x.id = s.id;
-END
-$fn$;
-    """)
+""" + REFRESH_FUNCTION)
 
 
 def downgrade() -> None:

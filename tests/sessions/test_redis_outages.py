@@ -1,0 +1,123 @@
+"""Revocations and sign-in links with Redis stopped, restarted empty, and back (issue 10, 1 and 2).
+
+Each test runs the service on a database and a ``redis-server`` of its own (so no other app's
+announcer or outbox reaches them), stops and restarts that Redis, and watches what verifiers
+would see: the revocation set and the API-key revocations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+import pytest_asyncio
+from aiohttp import ClientSession
+from redis.asyncio import Redis
+
+from common import revocations
+from common.db import create_redis
+from common.settings import Settings
+from tests.fixtures.database import database_pool, migrated_database
+from tests.fixtures.identity import email, send_link, session_call, sign_in
+from tests.fixtures.redis import PrivateRedis, private_redis
+from tests.fixtures.service import Api, Project, assert_error, bootstrap_project, combined_app, eventually, serving
+
+PREFIX = "outage:"
+
+
+@pytest.fixture(scope="module")
+def outage_db(database_url: str) -> Iterator[str]:
+    with migrated_database(database_url, "redis_outage") as url:
+        yield url
+
+
+@dataclass
+class Rig:
+    api: Api
+    project: Project
+    redis: PrivateRedis
+    client: Redis
+    db: asyncpg.Pool
+
+    async def in_set(self, *session_ids: str) -> bool:
+        key = revocations.set_key(PREFIX)
+        return all([await self.client.zscore(key, s) is not None for s in session_ids])
+
+
+@pytest_asyncio.fixture
+async def rig(outage_db: str, settings_factory: Callable[..., Settings],
+              http: ClientSession) -> AsyncIterator[Rig]:
+    with private_redis() as redis:
+        settings = settings_factory(database_url=outage_db, redis_url=redis.url,
+                                    redis_prefix=PREFIX)
+        client = create_redis(redis.url)  # retries, as the service's own client does
+        async with serving(http, combined_app(settings)) as api, database_pool(outage_db) as db:
+            project = await bootstrap_project(api)
+            yield Rig(api, project, redis, client, db)
+        await client.aclose()
+
+
+async def test_every_revocation_after_a_restart_reaches_the_set(rig: Rig) -> None:
+    """Before: after each Redis restart every other revocation was lost (the first command on
+    each pooled connection failed, unretried), and the set came back empty for good."""
+    signed = [await sign_in(rig.project, email(), api=rig.api) for _ in range(6)]
+    first = await session_call(rig.api, "POST", "/v1/sessions/revoke", signed[0].access_token)
+    assert first.status == 200, first.body
+    await eventually(lambda: rig.in_set(signed[0].session_id), what="the first revocation")
+
+    await asyncio.to_thread(rig.redis.restart)  # no persistence: it comes back empty
+    for s in signed[1:]:
+        r = await session_call(rig.api, "POST", "/v1/sessions/revoke", s.access_token)
+        assert r.status == 200, r.body
+    # The five made after the restart, and the one made before it (the set is rebuilt).
+    await eventually(lambda: rig.in_set(*(s.session_id for s in signed)), within=15,
+                     what="every revocation in the set")
+    assert await rig.client.exists(revocations.built_key(PREFIX))
+
+
+async def test_revocations_while_redis_is_down_are_announced_when_it_returns(rig: Rig) -> None:
+    kept, revoked, deleted = [await sign_in(rig.project, email(), api=rig.api) for _ in range(3)]
+    doomed_key = await rig.project.api.post("/v1/api-keys", {"prefix": "sk_live_", "name": "d",
+                                                             "scopes": []})
+    assert doomed_key.status == 201, doomed_key.body
+    await asyncio.to_thread(rig.redis.stop)
+
+    async with asyncio.timeout(5):  # none of them waits for Redis
+        answers = await asyncio.gather(
+            session_call(rig.api, "POST", "/v1/sessions/revoke", revoked.access_token),
+            rig.project.api.delete(f"/v1/users/{deleted.user_id}"),
+            rig.project.api.delete(f"/v1/api-keys/{doomed_key.body['id']}"),
+        )
+    assert [a.status for a in answers] == [200, 200, 200], [a.body for a in answers]
+    # The control plane refuses the ended session at once: PostgreSQL is the source of truth.
+    gone = await session_call(rig.api, "GET", "/v1/sessions/me", revoked.access_token)
+    assert_error(gone, 401, "no_session")
+    assert (await session_call(rig.api, "GET", "/v1/sessions/me", kept.access_token)).status == 200
+
+    await asyncio.to_thread(rig.redis.start)
+    await eventually(lambda: rig.in_set(revoked.session_id, deleted.session_id), within=15,
+                     what="the revocations made while Redis was down")
+
+    async def key_announced() -> bool:
+        return bool(await rig.db.fetchval(
+            "SELECT announced_at IS NOT NULL FROM revocations WHERE kind = 'api_key'"))
+
+    await eventually(key_announced, within=15, what="the API-key revocation announced")
+    assert not await rig.in_set(kept.session_id)
+
+
+async def test_sign_in_links_fail_closed_while_redis_is_down_and_recover(rig: Rig) -> None:
+    """Before: 500 while Redis was down, and on the first sends after it returned. The send is
+    rate limited in Redis, and the limit fails closed: 503 with Retry-After."""
+    await asyncio.to_thread(rig.redis.stop)
+    r = await send_link(rig.api, rig.project, email())
+    assert_error(r, 503, "service_unavailable")
+    assert r.headers["Retry-After"] == str(r.body["error"]["details"]["retry_after"])
+
+    await asyncio.to_thread(rig.redis.start)
+    assert (await send_link(rig.api, rig.project, email())).status == 200  # the very next one
+    await asyncio.to_thread(rig.redis.restart)
+    assert (await send_link(rig.api, rig.project, email())).status == 200  # and after a restart
