@@ -17,6 +17,9 @@ class ServiceError(Exception):
     code: ClassVar[str] = "internal_error"
     status: ClassVar[int] = 500
     default_message: ClassVar[str] = "Internal error."
+    retry_after: ClassVar[int | None] = None
+    """When set, every answer of this error carries ``Retry-After`` with this many seconds (and
+    the OpenAPI document says so)."""
 
     def __init__(
         self,
@@ -28,6 +31,8 @@ class ServiceError(Exception):
         self.message = message or self.default_message
         self.details = details or {}
         self.headers = headers or {}
+        if self.retry_after is not None:
+            self.headers.setdefault("Retry-After", str(self.retry_after))
         super().__init__(self.message)
 
 
@@ -120,9 +125,11 @@ class InternalError(ServiceError):
 
 
 class DbUnavailable(ServiceError):
-    """PostgreSQL could not be reached (SPEC.md 7)."""
+    """PostgreSQL could not be reached, or the connection to it was lost (SPEC.md 7). Unless
+    ``details.outcome`` is ``unknown``, nothing was changed: the call may be retried as it is."""
 
     code, status, default_message = "db_unavailable", 503, "The database is unavailable."
+    retry_after = 1  # a restart or failover takes seconds; a client's retry should not wait long
 
 
 class NotReady(ServiceError):
