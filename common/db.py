@@ -1,9 +1,11 @@
-"""PostgreSQL pool setup (asyncpg; plain SQL, no ORM on hot paths), and what a lost connection
-looks like (:func:`is_connection_error`)."""
+"""PostgreSQL pool setup (asyncpg; plain SQL, no ORM on hot paths), what a lost connection
+looks like (:func:`is_connection_error`), and a transaction that tells a failed commit from one
+whose outcome is unknown (:func:`transaction`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import asyncpg
@@ -27,6 +29,40 @@ def is_connection_error(exc: BaseException) -> bool:
     ) or (isinstance(exc, pg.InterfaceError) and "connection is closed" in str(exc)) or (
         isinstance(exc, OSError) and exc.errno is not None
     )
+
+
+class CommitInDoubt(pg.ConnectionDoesNotExistError):  # type: ignore[misc]
+    """The connection was lost while ``COMMIT`` was in flight: PostgreSQL may have committed the
+    transaction or not, and only reading the database again can tell. Anything that does not
+    resolve it sees a lost connection (503 ``db_unavailable``)."""
+
+
+@contextlib.asynccontextmanager
+async def transaction(conn: asyncpg.Connection) -> AsyncIterator[None]:
+    """``conn.transaction()``, except for what a lost connection means.
+
+    Before ``COMMIT`` is sent, a lost connection is an error like any other: PostgreSQL rolls
+    back the transaction of a session that ends, so nothing of it happened. While ``COMMIT`` is
+    in flight it raises :class:`CommitInDoubt` instead (asyncpg's own ``__aexit__`` raises
+    ``InterfaceError`` then, and a caller answering 503 would call a committed change a
+    failure). The error that ended the block is never hidden by a rollback that cannot be sent.
+    """
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        yield
+    except BaseException:
+        # On a lost connection the rollback fails too (PostgreSQL rolls back by itself); the
+        # block's own error is the one to raise.
+        with contextlib.suppress(Exception):
+            await tx.rollback()
+        raise
+    try:
+        await tx.commit()
+    except Exception as exc:
+        if is_connection_error(exc):
+            raise CommitInDoubt(f"the connection was lost while committing: {exc}") from exc
+        raise
 
 
 class PooledConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg ships no stubs

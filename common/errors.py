@@ -114,6 +114,14 @@ class RevisionNotReached(ServiceError):
     code, status, default_message = "revision_not_reached", 503, "The requested revision is not available yet."
 
 
+class IdempotencyKeyReused(ServiceError):
+    """An ``Idempotency-Key`` sent again with a different request than the first time."""
+
+    code, status, default_message = (
+        "idempotency_key_reused", 422,
+        "This Idempotency-Key was used for a different request; use a new key for a new request.")
+
+
 class RateLimited(ServiceError):
     """Too many requests; ``Retry-After`` says when to retry."""
 
@@ -125,8 +133,9 @@ class InternalError(ServiceError):
 
 
 class DbUnavailable(ServiceError):
-    """PostgreSQL could not be reached, or the connection to it was lost (SPEC.md 7). Unless
-    ``details.outcome`` is ``unknown``, nothing was changed: the call may be retried as it is."""
+    """PostgreSQL could not be reached, or the connection to it was lost (SPEC.md 7);
+    ``details.outcome`` is ``unknown`` when it was lost while a tuple write was committing and
+    did not come back in time to tell whether the write took effect."""
 
     code, status, default_message = "db_unavailable", 503, "The database is unavailable."
     retry_after = 1  # a restart or failover takes seconds; a client's retry should not wait long
