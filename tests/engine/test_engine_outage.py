@@ -1,9 +1,10 @@
 """The engine while PostgreSQL is away (issue 10, item 5), through HTTP.
 
 The engine holds every tuple in memory, so a PostgreSQL outage must not stop checks: keys it
-knows keep working, checks answer from memory, a key it has never seen is 503 (it cannot be told
+knows keep working, checks answer from memory and say so (``"stale": true``, ``X-Authio-Stale``),
+``/readyz`` says ``stale`` (and stays 200), a key it has never seen is 503 (it cannot be told
 valid or not, so never 401), a revocation heard on Redis still wins at once, and once PostgreSQL
-is back the engine catches up. The control plane and the engine run as two apps, as in
+is back the engine catches up and the marker goes away. The control plane and the engine run as two apps, as in
 production, on a private PostgreSQL that the test stops and starts for real.
 """
 
@@ -82,15 +83,27 @@ async def test_checks_outlive_a_postgres_outage(
             for key in (project.key, keys["doomed"]):  # the engine knows these two keys
                 r = await check(engine, store, "doc:1", key, revision)
                 assert (r.status, r.body["allowed"]) == (200, True), r.body
+                assert_fresh(r)
+            assert (await engine.get("/readyz")).body["status"] == "ready"
 
             await asyncio.to_thread(stop_private, run_dir, log=lambda _: None)
 
-            # Known keys keep working, long past their cache lifetime.
+            # Known keys keep working, long past their cache lifetime, answered from memory at
+            # the last revision, and every answer says so.
             until = time.monotonic() + 6 * TTL
             while time.monotonic() < until:
                 r = await check(engine, store, "doc:1", project.key)
                 assert (r.status, r.body.get("allowed")) == (200, True), r.body
+                assert (r.body["revision"], r.body["stale"]) == (revision, True), r.body
+                assert r.headers["X-Authio-Stale"] == "true"
                 await asyncio.sleep(TTL / 3)
+            batch = await engine.with_key(project.key).post(
+                f"/v1/stores/{store}/batch-check", {"checks": [{"tuple_key": tk("doc:1")}]})
+            assert (batch.status, batch.body["stale"]) == (200, True), batch.body
+            assert batch.headers["X-Authio-Stale"] == "true"
+            # Ready (taking every engine out would stop checks too), and saying it is stale.
+            ready = await engine.get("/readyz")
+            assert (ready.status, ready.body["status"]) == (200, "stale")
             # A key the engine never saw cannot be told valid or revoked: 503, not 401.
             r = await check(engine, store, "doc:1", keys["unseen"])
             assert_error(r, 503, "db_unavailable")
@@ -102,17 +115,31 @@ async def test_checks_outlive_a_postgres_outage(
             assert r.status == 503, r.body
 
             await asyncio.to_thread(start)
-            # The engine catches up: a write made after the outage is visible at its revision.
+            # The engine catches up: the marker goes away, and a write made after the outage is
+            # visible at its revision.
+            await eventually(lambda: _fresh(engine, store, project.key), within=20,
+                             what="checks no longer stale")
+            assert (await engine.get("/readyz")).body["status"] == "ready"
             after = await eventually(lambda: _written(project.api, store), within=20,
                                      what="a write after the outage")
             r = await check(engine, store, "doc:2", project.key, after.body["revision"])
             assert (r.status, r.body["allowed"]) == (200, True), r.body
+            assert_fresh(r)
             r = await check(engine, store, "doc:1", keys["unseen"])
             assert r.status == 200, r.body
     finally:
         await redis.aclose()
         await asyncio.to_thread(remove_private, run_dir, log=lambda _: None)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def assert_fresh(r: Response) -> None:
+    assert "stale" not in r.body and "X-Authio-Stale" not in r.headers, (r.headers, r.body)
+
+
+async def _fresh(engine: Api, store: str, key: str) -> bool:
+    r = await check(engine, store, "doc:1", key)
+    return r.status == 200 and "stale" not in r.body
 
 
 async def _refused(engine: Api, store: str, key: str) -> Response | None:
