@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Final, Literal
 
 import asyncpg
 from aiohttp import web
@@ -19,6 +19,10 @@ REDIS: Final = web.AppKey("redis", Redis)
 AUTHENTICATOR: Final = web.AppKey("authenticator", ApiKeyAuthenticator)
 # The published signing keys of every project, for verifying access tokens (common.access_tokens).
 SIGNING_KEYS: Final = web.AppKey("signing_keys", PgKeySource)
-# Each service appends a probe; /readyz answers 200 only when all return True.
-READINESS: Final = web.AppKey("readiness", list[Callable[[], bool]])
+Readiness = Literal["ready", "stale", "not_ready"]
+"""What a readiness probe says: serving; serving, but from memory without following PostgreSQL
+(the engine during an outage); or not serving yet."""
+# Each service appends a probe; /readyz answers 503 when one says not_ready, else 200 with
+# status "stale" when one says stale, else "ready".
+READINESS: Final = web.AppKey("readiness", list[Callable[[], Readiness]])
 RESOURCES_INSTALLED: Final = web.AppKey("resources_installed", bool)

@@ -3,13 +3,16 @@
 Keys are ``sk_live_``/``sk_test_`` plus 32 random bytes in base62 (DESIGN.md); only their SHA-256
 hex digest is stored. Lookups are cached for ``SERVICE_API_KEY_CACHE_SECONDS`` (default 1 s), and a
 revocation published on Redis drops the entry at once, so a revoked key stops working everywhere
-within a second even if a pub/sub message is lost. A successful authentication tags the current
-(server) span with ``authio.project_id`` and ``authio.api_key_id``.
+within a second even if a pub/sub message is lost. While PostgreSQL cannot be reached, keys the
+process already knows keep working (see :class:`ApiKeyAuthenticator`). A successful
+authentication tags the current (server) span with ``authio.project_id`` and
+``authio.api_key_id``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import secrets
@@ -21,6 +24,7 @@ import asyncpg
 from opentelemetry import trace
 from redis.asyncio import Redis
 
+from common.db import is_connection_error
 from common.errors import InsufficientScope, InvalidApiKey, MissingApiKey
 
 log = logging.getLogger("authio.auth")
@@ -94,30 +98,55 @@ WHERE k.secret_hash = $1 AND k.revoked_at IS NULL
 """
 
 
+STALE_GRACE_SECONDS: Final = 300.0
+"""During a PostgreSQL outage, keys confirmed by PostgreSQL at most this long before the outage
+began keep working."""
+
+
 class ApiKeyAuthenticator:
     """Resolves ``Authorization: Bearer <key>`` to a Principal, with a short TTL cache.
 
-    Known keys live in a plain dict of digest -> (expiry on the monotonic clock, Principal): this
-    runs on every engine check, and a hit costs one hash and one lookup. Unknown digests are
-    remembered apart, in a smaller table, so a flood of made-up keys can neither evict real ones
-    nor reach PostgreSQL more than once per TTL each. A cached entry expires ``ttl_seconds`` after
-    the query that produced it *started*, and a lookup that was in flight when ``invalidate`` or
-    ``clear`` ran is never cached, so a revocation cannot be undone by a slow reply.
+    Known keys live in a plain dict of digest -> (expiry on the monotonic clock, Principal, when
+    PostgreSQL last confirmed it): this runs on every engine check, and a hit costs one hash and
+    one lookup. Unknown digests are remembered apart, in a smaller table, so a flood of made-up
+    keys can neither evict real ones nor reach PostgreSQL more than once per TTL each. A cached
+    entry expires ``ttl_seconds`` after the query that produced it *started*, and a lookup that
+    was in flight when ``invalidate`` or ``clear`` ran is never cached, so a revocation cannot be
+    undone by a slow reply.
+
+    **PostgreSQL away.** When a lookup fails because PostgreSQL cannot be reached, a key this
+    process knows (confirmed at most ``stale_grace_seconds`` before the outage began, and not
+    invalidated since) is served as it was, and PostgreSQL is asked again once per TTL, in the
+    background: no request waits on a database known to be away. An engine thus keeps answering
+    checks from memory. A key it does not know cannot be told valid or not: the lookup's error
+    stands (503 ``db_unavailable``, never 401). Revocations still win the moment they are seen:
+    a revocation on Redis drops the key (``invalidate``), as does a lookup once PostgreSQL
+    answers again.
     """
 
     def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float, maxsize: int = 100_000,
-                 unknown_maxsize: int = 10_000) -> None:
+                 unknown_maxsize: int = 10_000,
+                 stale_grace_seconds: float = STALE_GRACE_SECONDS) -> None:
         self._pool = pool
         self._ttl = ttl_seconds
         self._maxsize = maxsize
         self._unknown_maxsize = unknown_maxsize
-        self._known: dict[str, tuple[float, Principal]] = {}
+        self._stale_grace = stale_grace_seconds
+        self._known: dict[str, tuple[float, Principal, float]] = {}
         self._unknown: dict[str, float] = {}
         self._inflight: dict[str, asyncio.Future[Principal | None]] = {}
         self._generation = 0  # bumped by every invalidation
+        self._outage_since: float | None = None  # the first failed lookup since the last answer
+        self._background: set[asyncio.Task[None]] = set()
+
+    @property
+    def outage(self) -> bool:
+        """True while the last lookup failed for want of PostgreSQL."""
+        return self._outage_since is not None
 
     async def authenticate(self, authorization: str | None) -> Principal:
-        """Raises MissingApiKey (no Bearer token) or InvalidApiKey (unknown or revoked)."""
+        """Raises MissingApiKey (no Bearer token) or InvalidApiKey (unknown or revoked); the
+        lookup's own error when PostgreSQL cannot be reached and the key is not known."""
         if not authorization:
             raise MissingApiKey()
         scheme, _, token = authorization.partition(" ")
@@ -134,11 +163,29 @@ class ApiKeyAuthenticator:
             return entry[1]
         if self._unknown.get(digest, 0.0) > now:
             raise InvalidApiKey()
+        if entry is not None and self._outage_since is not None and self._usable(entry):
+            # PostgreSQL is away: answer from what we know, and ask it again in the background.
+            self._remember(digest, entry[1], now + self._ttl, entry[2])
+            if digest not in self._inflight:
+                task = asyncio.create_task(self._revalidate(digest))
+                self._background.add(task)
+                task.add_done_callback(self._background.discard)
+            _tag_span(entry[1])
+            return entry[1]
         principal = await self._load(digest)
         if principal is None:
             raise InvalidApiKey()
         _tag_span(principal)
         return principal
+
+    def _usable(self, entry: tuple[float, Principal, float]) -> bool:
+        """Whether a known entry may stand in for PostgreSQL during the current outage."""
+        since = self._outage_since
+        return since is not None and entry[2] >= since - self._stale_grace
+
+    async def _revalidate(self, digest: str) -> None:
+        with contextlib.suppress(Exception):
+            await self._load(digest)
 
     async def _load(self, digest: str) -> Principal | None:
         pending = self._inflight.get(digest)
@@ -148,14 +195,22 @@ class ApiKeyAuthenticator:
         self._inflight[digest] = fut
         generation, started = self._generation, time.monotonic()
         try:
-            row = await self._pool.fetchrow(_LOOKUP_SQL, digest)
+            try:
+                row = await self._pool.fetchrow(_LOOKUP_SQL, digest)
+            except Exception as exc:
+                stale = self._stand_in(digest, exc, started)
+                if stale is None:
+                    raise
+                fut.set_result(stale)
+                return stale
+            self._outage_since = None
             principal = (
                 None if row is None
                 else Principal(row["id"], row["project_id"], row["tenant_id"],
                                frozenset(row["scopes"]), row["prefix"])
             )
             if generation == self._generation:
-                self._remember(digest, principal, started + self._ttl)
+                self._remember(digest, principal, started + self._ttl, started)
             fut.set_result(principal)
             return principal
         except BaseException as exc:
@@ -166,15 +221,31 @@ class ApiKeyAuthenticator:
             if self._inflight.get(digest) is fut:
                 del self._inflight[digest]
 
-    def _remember(self, digest: str, principal: Principal | None, expires: float) -> None:
+    def _stand_in(self, digest: str, exc: Exception, started: float) -> Principal | None:
+        """After a failed lookup: the known principal to serve instead, when PostgreSQL is away
+        and the key is known (and not invalidated meanwhile: ``invalidate`` removes it)."""
+        if not is_connection_error(exc):
+            return None
+        if self._outage_since is None:
+            self._outage_since = started
+            log.warning("PostgreSQL is unreachable; known API keys keep working meanwhile")
+        entry = self._known.get(digest)
+        if entry is None or not self._usable(entry):
+            return None
+        self._remember(digest, entry[1], time.monotonic() + self._ttl, entry[2])
+        return entry[1]
+
+    def _remember(self, digest: str, principal: Principal | None, expires: float,
+                  confirmed: float) -> None:
         if principal is None:
+            self._known.pop(digest, None)  # revoked: no longer a stand-in during an outage
             if len(self._unknown) >= self._unknown_maxsize:
                 self._unknown.clear()
             self._unknown[digest] = expires
         else:
             if len(self._known) >= self._maxsize:
                 self._known.clear()
-            self._known[digest] = (expires, principal)
+            self._known[digest] = (expires, principal, confirmed)
 
     def invalidate(self, digest: str) -> None:
         """Forget one key (called on a revocation message); later requests look it up afresh."""

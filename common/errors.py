@@ -17,6 +17,9 @@ class ServiceError(Exception):
     code: ClassVar[str] = "internal_error"
     status: ClassVar[int] = 500
     default_message: ClassVar[str] = "Internal error."
+    retry_after: ClassVar[int | None] = None
+    """When set, every answer of this error carries ``Retry-After`` with this many seconds (and
+    the OpenAPI document says so)."""
 
     def __init__(
         self,
@@ -28,6 +31,8 @@ class ServiceError(Exception):
         self.message = message or self.default_message
         self.details = details or {}
         self.headers = headers or {}
+        if self.retry_after is not None:
+            self.headers.setdefault("Retry-After", str(self.retry_after))
         super().__init__(self.message)
 
 
@@ -109,6 +114,14 @@ class RevisionNotReached(ServiceError):
     code, status, default_message = "revision_not_reached", 503, "The requested revision is not available yet."
 
 
+class IdempotencyKeyReused(ServiceError):
+    """An ``Idempotency-Key`` sent again with a different request than the first time."""
+
+    code, status, default_message = (
+        "idempotency_key_reused", 422,
+        "This Idempotency-Key was used for a different request; use a new key for a new request.")
+
+
 class RateLimited(ServiceError):
     """Too many requests; ``Retry-After`` says when to retry."""
 
@@ -120,9 +133,12 @@ class InternalError(ServiceError):
 
 
 class DbUnavailable(ServiceError):
-    """PostgreSQL could not be reached (SPEC.md 7)."""
+    """PostgreSQL could not be reached, or the connection to it was lost (SPEC.md 7);
+    ``details.outcome`` is ``unknown`` when it was lost while a tuple write was committing and
+    did not come back in time to tell whether the write took effect."""
 
     code, status, default_message = "db_unavailable", 503, "The database is unavailable."
+    retry_after = 1  # a restart or failover takes seconds; a client's retry should not wait long
 
 
 class ServiceUnavailable(ServiceError):

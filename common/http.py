@@ -22,6 +22,7 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
+from common.db import is_connection_error
 from common.errors import (
     DbUnavailable,
     InternalError,
@@ -160,24 +161,6 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def _is_db_outage(exc: BaseException) -> bool:
-    # asyncpg raises OSError subclasses and its own connection errors when PostgreSQL is down.
-    import asyncpg
-
-    return isinstance(
-        exc,
-        ConnectionError
-        | asyncpg.exceptions.PostgresConnectionError
-        | asyncpg.exceptions.CannotConnectNowError
-        | asyncpg.exceptions.TooManyConnectionsError
-        | asyncpg.exceptions.ConnectionDoesNotExistError
-        # AdminShutdownError, CrashShutdownError: in-flight queries when the server stops.
-        | asyncpg.exceptions.OperatorInterventionError,
-    ) or (isinstance(exc, asyncpg.exceptions.InterfaceError) and "connection is closed" in str(exc)) or (
-        isinstance(exc, OSError) and exc.errno is not None
-    )
-
-
 def _from_http_exception(exc: web.HTTPException) -> ServiceError:
     if exc.status == 404:
         return NotFound(NO_ROUTE)
@@ -211,7 +194,7 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
             raise
         return error_response(_from_http_exception(exc), rid)
     except Exception as exc:
-        if _is_db_outage(exc):
+        if is_connection_error(exc):
             log.warning("database unavailable", extra={"request_id": rid}, exc_info=exc)
             return error_response(DbUnavailable(), rid)
         log.exception("unhandled error", extra={"request_id": rid})

@@ -547,9 +547,12 @@ def _body_schema(
 def _error_response(status: int, errors: Sequence[type[ServiceError]]) -> dict[str, Any]:
     """One error status: the ``Error`` body with ``error.code`` narrowed to ``errors``' codes."""
     lines = "\n".join(f"- `{err.code}`: {err.default_message}" for err in errors)
+    retrying = [f"`{err.code}`" for err in errors if err.retry_after is not None]
+    headers = {"Retry-After": f"Seconds to wait before retrying (with {', '.join(retrying)})."
+               } if retrying else {}
     return {
         "description": f"{HTTPStatus(status).phrase}. Error codes:\n\n{lines}",
-        "headers": _headers({}),
+        "headers": _headers(headers),
         "content": {"application/json": {"schema": {"allOf": [
             {"$ref": SCHEMA_REF.format(model="Error")},
             {"type": "object", "properties": {"error": {"type": "object", "properties": {

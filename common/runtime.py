@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import asyncpg
 from aiohttp import web
@@ -149,9 +149,12 @@ health_routes = RouteTable("health", "Liveness and readiness probes of either se
 
 @dataclass(frozen=True, slots=True)
 class Health:
-    """``ok`` (alive) or ``ready`` (serving)."""
+    """``ok`` (alive), ``ready`` (serving), or ``stale``: serving, but the engine cannot follow
+    PostgreSQL and answers checks from memory at the last revision it has (each answer says so).
+    A stale engine stays ready on purpose: every engine loses the same database at once, and
+    taking them all out of service would turn a write outage into a check outage."""
 
-    status: str
+    status: Literal["ok", "ready", "stale"]
 
 
 @health_routes.route("GET", "/healthz", replies=[Reply(200, "The process answers.", Health)])
@@ -161,10 +164,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 @health_routes.route("GET", "/readyz", errors=(NotReady,),
-                     replies=[Reply(200, "Ready to serve.", Health)])
+                     replies=[Reply(200, "Ready to serve (`status` `ready` or `stale`).", Health)])
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: every service hosted here is ready (the engine: its stores are loaded and it
-    follows the change log)."""
-    if not all(probe() for probe in request.app[READINESS]):
+    """Readiness: every service hosted here can serve (the engine: its stores are loaded).
+
+    ``status`` is ``stale`` while the engine cannot follow the change log (PostgreSQL
+    unreachable) and answers checks from memory; it still counts as ready, so that a readiness
+    probe does not take every engine out of service during a database outage. ``not_ready`` (503)
+    until the stores are loaded."""
+    states = [probe() for probe in request.app[READINESS]]
+    if "not_ready" in states:
         raise NotReady()
-    return json_response(request, Health("ready"))
+    return json_response(request, Health("stale" if "stale" in states else "ready"))

@@ -35,6 +35,7 @@ from control_plane.appkeys import (
 from control_plane.audit import endpoints as audit
 from control_plane.audit import tasks as audit_tasks
 from control_plane.authz import endpoints as authz
+from control_plane.authz import tasks as authz_tasks
 from control_plane.kms import LocalKms
 from control_plane.magic_links import endpoints as magic_links
 from control_plane.magic_links import tasks as magic_link_tasks
@@ -65,7 +66,7 @@ ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.route
                  sessions.routes, magic_links.routes, signing_keys.routes, audit.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
-    session_tasks.workers, magic_link_tasks.workers,
+    session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers,
 )
 meta_routes = RouteTable("meta", "This document.")
 

@@ -17,6 +17,7 @@ from devtools.services import (
     apt_install,
     ensure_services,
     remove_private,
+    restart_private_pg,
     stop_private,
 )
 
@@ -27,5 +28,6 @@ __all__ = [
     "apt_install",
     "ensure_services",
     "remove_private",
+    "restart_private_pg",
     "stop_private",
 ]

@@ -110,6 +110,7 @@ __all__ = [
     "main",
     "private_instances_hint",
     "remove_private",
+    "restart_private_pg",
     "stop_private",
 ]
 
@@ -282,6 +283,32 @@ def stop_private(run_dir: Path, *, log: Log = print) -> None:
     with _locked(run_dir):
         _stop_private_pg(run_dir, log)
         _stop_private_redis(run_dir, log)
+
+
+def restart_private_pg(run_dir: Path, *, mode: str = "fast", log: Log = print) -> None:
+    """Restart the private PostgreSQL of ``run_dir`` at once (``pg_ctl restart -m mode``), for
+    tests of what a restart does to clients: ``fast`` (in-flight transactions are rolled back,
+    sessions are ended with an error) or ``immediate`` (every process is killed, as in a crash;
+    the server recovers from its WAL when it starts). Returns once it accepts connections again,
+    on the same port. Raises :class:`DevServicesError` when it is not running or does not come
+    back."""
+    if mode not in ("smart", "fast", "immediate"):
+        raise ValueError(f"unknown shutdown mode {mode!r}")
+    run_dir = Path(run_dir).absolute()
+    data_dir = (run_dir / PG_DIR).resolve()
+    running = _postmaster_pid_file(data_dir)
+    bindir = _find_pg_bindir(data_dir)
+    if running is None or not _pid_alive(running[0]) or bindir is None:
+        raise DevServicesError(f"no private PostgreSQL runs in {run_dir}")
+    user = _pg_service_user(data_dir, log)
+    log_file = (run_dir / PG_LOG).resolve()
+    with _locked(run_dir):
+        try:
+            _run([str(bindir / "pg_ctl"), "restart", "-D", str(data_dir), "-m", mode, "-w",
+                  "-t", "60", "-l", str(log_file)], user=user, cwd=data_dir.parent, timeout=90)
+        except DevServicesError as exc:
+            raise DevServicesError(f"{exc}\n{_tail(log_file)}") from exc
+    log(f"devtools: postgres: restarted private instance on {LOCALHOST}:{running[1]} (-m {mode})")
 
 
 def remove_private(run_dir: Path, *, log: Log = print) -> None:

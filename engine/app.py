@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from common.appkeys import PG_POOL, READINESS, SETTINGS
+from common.appkeys import PG_POOL, READINESS, SETTINGS, Readiness
 from common.runtime import base_app, install_resources
 from common.settings import Settings
 from engine.appkeys import STORES
@@ -35,13 +35,16 @@ async def _registry_ctx(app: web.Application) -> AsyncIterator[None]:
 def setup_engine(app: web.Application) -> None:
     """Add the engine to ``app`` (built by ``common.runtime.base_app``): shared resources, the
     store registry (started in a cleanup context; loads in the background), its readiness probe
-    (``/readyz`` answers 503 until every store is loaded and caught up), and the check routes."""
+    (``/readyz`` answers 503 until every store is loaded and caught up, then 200, with status
+    ``stale`` while the registry cannot follow the change log), and the check routes."""
     install_resources(app)
     app.cleanup_ctx.append(_registry_ctx)
 
-    def stores_ready() -> bool:
+    def stores_ready() -> Readiness:
         registry = app.get(STORES)
-        return registry is not None and registry.ready
+        if registry is None or not registry.ready:
+            return "not_ready"
+        return "stale" if registry.stale else "ready"
 
     app[READINESS].append(stores_ready)
     routes.mount(app.router)

@@ -18,6 +18,11 @@ Answer (200)::
 ``dispatch_count`` is the number of ``object#relation`` nodes the check visited (the work it
 took; SpiceDB's ``dispatch_count``), ``depth`` the number of nodes on the proof (0 when denied).
 
+While the engine cannot follow the change log (PostgreSQL away: :attr:`StoreRegistry.stale`),
+checks are still answered from memory at the store's last revision, and say so: the body gets
+``"stale": true`` and the response ``X-Authio-Stale: true``. That costs a normal answer one
+attribute read.
+
 Batch: ``{"checks": [<check request>, ...], "consistency"?}`` with 1..1000 items, answered in order
 in ``{"results": [...], "revision", "request_id"}``; each result is an answer as above (without
 ``request_id``) or ``{"error": {"code", "message", "details"}}`` for that item alone.
@@ -74,6 +79,11 @@ _TUPLE_FIELD_SET: Final = frozenset(_TUPLE_FIELDS)
 _CONSISTENCY_FIELDS: Final = frozenset({"at_least_revision"})
 _VALIDATORS: Final = (validate_object, validate_relation, validate_user)
 _JSON_HEADERS: Final = {"Content-Type": "application/json"}
+STALE_HEADER: Final = "X-Authio-Stale"
+_STALE_HEADERS: Final = {**_JSON_HEADERS, STALE_HEADER: "true"}
+_STALE_TEXT: Final = (
+    "`true` when the engine cannot follow the change log (PostgreSQL unreachable) and answers "
+    "from memory at the store's last revision, which may be behind; absent otherwise.")
 
 Fields = list[dict[str, str]]
 Parsed = tuple[str, str, str, int | None]  # object, relation, user, at_least_revision
@@ -236,6 +246,9 @@ def _answer(store: LoadedStore, parsed: Parsed, max_depth: int) -> dict[str, Any
 
 def _respond(request: web.Request, body: dict[str, Any]) -> web.Response:
     body["request_id"] = request[REQUEST_ID]
+    if request.app[STORES].stale:
+        body["stale"] = True
+        return web.Response(body=orjson.dumps(body), headers=_STALE_HEADERS)
     return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
 
 
@@ -248,13 +261,17 @@ def _item_error(err: ServiceError) -> dict[str, Any]:
 
 @routes.route("POST", "/v1/stores/{store_id}/check", security=("api_key",), scopes=(SCOPE,),
               body=CheckRequest, errors=(*_ERRORS, ResolutionTooComplex),
-              replies=[Reply(200, "The answer, and how it was reached.", CheckResult)])
+              replies=[Reply(200, "The answer, and how it was reached.", CheckResult,
+                             headers={STALE_HEADER: _STALE_TEXT})])
 async def check(request: web.Request) -> web.Response:
     """Check one permission: does the user have the relation on the object?
 
     Answered from the engine's memory at the store's current revision, or at least at
     ``consistency.at_least_revision`` (waiting up to a bound). ``resolution_path`` says why an
-    answer is yes; a check that hits the depth cap is ``resolution_too_complex``, never a no."""
+    answer is yes; a check that hits the depth cap is ``resolution_too_complex``, never a no.
+    While PostgreSQL is unreachable the engine keeps answering from memory at the last revision
+    it has, marked ``stale`` (and ``X-Authio-Stale: true``); a revision it has not reached is
+    ``revision_not_reached``."""
     principal = await _principal(request)
     fields: Fields = []
     parsed = _parse_check(await read_json(request), fields)
@@ -272,7 +289,8 @@ async def check(request: web.Request) -> web.Response:
 
 @routes.route("POST", "/v1/stores/{store_id}/batch-check", security=("api_key",),
               scopes=(SCOPE,), body=BatchCheckRequest, errors=_ERRORS,
-              replies=[Reply(200, "One result per check, in order.", BatchCheckResult)])
+              replies=[Reply(200, "One result per check, in order.", BatchCheckResult,
+                             headers={STALE_HEADER: _STALE_TEXT})])
 async def batch_check(request: web.Request) -> web.Response:
     """Check up to 1,000 permissions in one call, answered in order at one revision.
 

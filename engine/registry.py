@@ -15,6 +15,10 @@ Life cycle of a :class:`StoreRegistry` (DESIGN.md "Two services, one product"):
    unknown store loads it. A poll every ``poll_seconds`` (``SELECT id, project_id, revision FROM
    stores``) is the fallback: it catches up stores behind, loads new ones and forgets deleted
    ones. A lost listener connection is reopened with backoff, followed by a full poll pass.
+   While the engine cannot follow the log (its listener connection is lost, or a poll failed or
+   did not answer within ``contact_timeout_seconds``), :attr:`StoreRegistry.stale` is true and
+   checks say they are answered from memory; it turns false again after a poll succeeds with
+   the listener connected, that is once the engine has caught up.
 3. ``close()`` cancels every task and closes the listener connection.
 
 The revision is the cursor: a catch-up reads, in one statement (one snapshot), the store's
@@ -149,10 +153,12 @@ class StoreRegistry:
     dedicated listener connection. ``poll_seconds`` is the fallback poll period (s);
     ``negative_ttl_seconds`` how long "no such store" is remembered (s); ``load_timeout_seconds``
     bounds one snapshot or store load (s); ``max_backoff_seconds`` caps the listener reconnect
-    backoff (s). ``freeze_gc`` moves everything alive after the snapshot into the interpreter's
-    permanent GC generation (``gc.freeze()``, process-wide): the graphs hold no reference cycles
-    and are still freed by reference counting, and a full collection no longer walks them
-    (measured: about 65 ms per full collection with 1M tuples loaded, about 0 after).
+    backoff (s); ``contact_timeout_seconds`` how long a poll's first query may take before the
+    engine counts itself cut off from the log (s). ``freeze_gc`` moves everything alive after the
+    snapshot into the interpreter's permanent GC generation (``gc.freeze()``, process-wide): the
+    graphs hold no reference cycles and are still freed by reference counting, and a full
+    collection no longer walks them (measured: about 65 ms per full collection with 1M tuples
+    loaded, about 0 after).
     """
 
     def __init__(
@@ -164,6 +170,7 @@ class StoreRegistry:
         negative_ttl_seconds: float = 1.0,
         load_timeout_seconds: float = 3600.0,
         max_backoff_seconds: float = 5.0,
+        contact_timeout_seconds: float = 5.0,
         freeze_gc: bool = True,
     ) -> None:
         self._pool = pool
@@ -171,6 +178,7 @@ class StoreRegistry:
         self._poll_seconds = poll_seconds
         self._load_timeout = load_timeout_seconds
         self._max_backoff = max_backoff_seconds
+        self._contact_timeout = contact_timeout_seconds
         self._freeze_gc = freeze_gc
         self._stores: dict[str, LoadedStore] = {}
         self._missing: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=negative_ttl_seconds)
@@ -185,6 +193,10 @@ class StoreRegistry:
         self._listener_lost = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self.stale = False
+        """True while the engine cannot follow the change log (see the module docstring): its
+        stores are as of their last revision, which may be behind. A plain attribute: the check
+        path reads it on every answer."""
 
     # -- public surface ----------------------------------------------------------------------
 
@@ -324,8 +336,11 @@ class StoreRegistry:
             except asyncio.CancelledError:
                 raise
             except Exception:
+                self._mark_stale("its poll of the change log failed")
                 log.warning("engine poll failed; next try in %.1f s", self._poll_seconds,
                             exc_info=True)
+            else:
+                self._mark_fresh()
 
     async def _keep_listening(self) -> None:
         while True:
@@ -335,6 +350,20 @@ class StoreRegistry:
             await self._retry("reopen the listener", self._connect_listener)
             # Notifications sent while nobody listened are gone: a full pass finds what they said.
             await self._retry("poll after reconnecting", self._poll_once)
+            self._mark_fresh()
+
+    def _mark_stale(self, why: str) -> None:
+        if not self.stale:
+            self.stale = True
+            log.warning("engine cannot follow the change log (%s); checks are answered from "
+                        "memory and marked stale until it catches up", why)
+
+    def _mark_fresh(self) -> None:
+        """After a successful poll: fresh again if the listener is connected too."""
+        listener = self._listener
+        if self.stale and listener is not None and not listener.is_closed():
+            self.stale = False
+            log.info("engine follows the change log again")
 
     # -- listening ---------------------------------------------------------------------------
 
@@ -356,6 +385,8 @@ class StoreRegistry:
     def _on_listener_terminated(self, conn: Any) -> None:
         if conn is self._listener:
             self._listener_lost.set()
+            if self._ready.is_set():
+                self._mark_stale("its LISTEN connection was lost")
 
     async def _close_listener(self) -> None:
         conn, self._listener = self._listener, None
@@ -475,7 +506,8 @@ class StoreRegistry:
 
     async def _poll_once(self) -> None:
         known_before = set(self._stores)
-        rows = await self._pool.fetch(_STORES_SQL)
+        async with asyncio.timeout(self._contact_timeout):
+            rows = await self._pool.fetch(_STORES_SQL)
         pending: list[asyncio.Future[Any]] = []
         seen: set[str] = set()
         for row in rows:

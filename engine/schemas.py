@@ -7,11 +7,12 @@ test runs both over the same bodies (tests/engine/test_check_schemas.py) so they
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from common.http import OMIT_IF_NONE
 from common.schemas import RequestModel
 from common.tuples import TupleKey
 
@@ -45,7 +46,10 @@ class CheckResult:
     """The answer and why: ``resolution`` ``direct`` (the tuple exists), ``userset`` (through
     the tuples of ``resolution_path``, ``object#relation@user`` each) or ``none`` (denied);
     ``dispatch_count`` the ``object#relation`` nodes visited, ``depth`` the nodes on the proof
-    (0 when denied); ``revision`` the store revision answered at."""
+    (0 when denied); ``revision`` the store revision answered at; ``stale``, present and true
+    only while the engine cannot follow the change log (PostgreSQL unreachable): the answer comes
+    from memory at the store's last revision, which may be behind (also ``X-Authio-Stale: true``;
+    in a batch, on the batch, not on its items)."""
 
     allowed: bool
     resolution: Literal["direct", "userset", "none"]
@@ -53,6 +57,7 @@ class CheckResult:
     revision: int
     dispatch_count: int
     depth: int
+    stale: Literal[True] | None = field(default=None, metadata={OMIT_IF_NONE: True})
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,9 @@ class ItemError:
 
 @dataclass(frozen=True, slots=True)
 class BatchCheckResult:
-    """One result per check, in order: an answer or that item's error."""
+    """One result per check, in order: an answer or that item's error; ``stale`` as on a check
+    (present and true only while the engine answers from memory without following the log)."""
 
     results: list[CheckResult | ItemError]
     revision: int
+    stale: Literal[True] | None = field(default=None, metadata={OMIT_IF_NONE: True})

@@ -7,11 +7,20 @@ from typing import Final
 
 from aiohttp import web
 
-from common.errors import StoreNotFound
+from common.errors import IdempotencyKeyReused, StoreNotFound
 from common.routing import Reply, RouteTable
 from control_plane.appkeys import CURSOR_SECRET
 from control_plane.authz import repository, service
-from control_plane.authz.schemas import CreateStore, Store, StoredTuple, TuplesQuery, WriteBody, Written
+from control_plane.authz.schemas import (
+    IDEMPOTENCY_KEY,
+    CreateStore,
+    Store,
+    StoredTuple,
+    TuplesQuery,
+    WriteBody,
+    Written,
+    idempotency_key,
+)
 from control_plane.web import auth
 from control_plane.web.actor import Call
 from control_plane.web.endpoint import endpoint
@@ -48,18 +57,35 @@ async def get_store(call: Call) -> web.Response:
     return call.reply(await service.find_store(call.pool, call.project_id, call.path("store_id")))
 
 
-@endpoint(routes, "POST", "/v1/stores/{store_id}/write", auth=WRITE, errors=[StoreNotFound],
-          replies=[Reply(200, "What changed, and the revision to check at.", Written)])
+@endpoint(routes, "POST", "/v1/stores/{store_id}/write", auth=WRITE,
+          errors=[StoreNotFound, IdempotencyKeyReused],
+          headers={IDEMPOTENCY_KEY: (
+              "Optional, 1 to 255 printable ASCII characters (a UUID will do), remembered per "
+              "store for 24 hours: a write sent again with the same key is not applied again "
+              "but answered with the first outcome (and `Idempotent-Replayed: true`); the same "
+              "key with other tuples is `idempotency_key_reused`.")},
+          replies=[Reply(200, "What changed, and the revision to check at.", Written,
+                         headers={"Idempotent-Replayed": (
+                             "`true` when this is the recorded answer of an earlier request "
+                             "with the same `Idempotency-Key`.")})])
 async def post_store_write(call: Call, body: WriteBody) -> web.Response:
     """Write and delete tuples atomically (1 to 1,000 in all).
 
     Writing an existing tuple or deleting an absent one is a no-op; a bad or repeated tuple
     refuses the whole call, naming it (``writes.3.object``). An effective write takes the
-    store's next revision: pass it as ``consistency.at_least_revision`` to check at it."""
-    async with call.connection() as conn:
-        written = await service.write_tuples(conn, call.actor, store_id=call.path("store_id"),
-                                             body=body)
-    return call.reply(written)
+    store's next revision: pass it as ``consistency.at_least_revision`` to check at it.
+
+    Retrying is always safe: the same write applied twice leaves the same tuples, so a retry
+    without a key answers ``written: 0`` for what the first try wrote. To get the first answer
+    itself, counts and revision, send an ``Idempotency-Key``. A 503 ``db_unavailable`` means
+    nothing was written, except with ``details.outcome: "unknown"``: the database went away
+    while the write was committing and did not come back in time to tell; a retry with the same
+    key tells. When the connection is lost while the write commits and the database answers
+    again within seconds, the service reads the outcome back itself."""
+    key = idempotency_key(call.request.headers.get(IDEMPOTENCY_KEY))
+    written, replayed = await service.write_tuples(
+        call.pool, call.actor, store_id=call.path("store_id"), body=body, idempotency_key=key)
+    return call.reply(written, headers={"Idempotent-Replayed": "true"} if replayed else None)
 
 
 @endpoint(routes, "GET", "/v1/stores/{store_id}/tuples", auth=READ, errors=[StoreNotFound],

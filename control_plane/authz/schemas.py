@@ -1,7 +1,9 @@
-"""Store and tuple bodies."""
+"""Store and tuple bodies, and the ``Idempotency-Key`` of a write."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Final
@@ -14,6 +16,19 @@ from common.tuples import TupleFormatError, TupleKey, validate_object, validate_
 from control_plane.web.pagination import PageQuery
 
 MAX_TUPLES_PER_WRITE: Final = 1000
+IDEMPOTENCY_KEY: Final = "Idempotency-Key"
+_KEY_RE: Final = re.compile(r"[\x21-\x7e]{1,255}")
+
+
+def idempotency_key(value: str | None) -> str | None:
+    """The ``Idempotency-Key`` header of a write: 1 to 255 printable ASCII characters without
+    spaces (a UUID will do), or None when absent. Raises InvalidRequest naming the header."""
+    if value is None:
+        return None
+    if _KEY_RE.fullmatch(value) is None:
+        raise InvalidRequest.field(
+            IDEMPOTENCY_KEY, "must be 1 to 255 printable ASCII characters without spaces")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +60,13 @@ class WriteBody(RequestModel):
                 f"writes and deletes must hold 1 to {MAX_TUPLES_PER_WRITE} tuples in all, got {total}"
             )
         return self
+
+    def digest(self) -> bytes:
+        """SHA-256 of what the write does, whatever the order of its tuples: a key reused for
+        another write is told apart from a retry of the same one."""
+        parts = sorted([f"w\x1f{t.object}\x1f{t.relation}\x1f{t.user}" for t in self.writes]
+                       + [f"d\x1f{t.object}\x1f{t.relation}\x1f{t.user}" for t in self.deletes])
+        return hashlib.sha256("\x1e".join(parts).encode("utf-8", "surrogatepass")).digest()
 
     def check_unique(self) -> None:
         """Raises InvalidRequest naming the first tuple that repeats an earlier one (in

@@ -4,21 +4,43 @@ A store belongs to one project; any store of another project is ``store_not_foun
 project's keys, exactly like a store that does not exist.
 
 A write (``write_tuples``) applies 1 to 1,000 writes and deletes in one transaction: writing an
-existing tuple or deleting an absent one is a no-op. Each effective call takes the store's next
-revision under the store row lock, records its changes in ``tuple_changes`` at that revision,
-and notifies engines (``pg_notify``, delivered at commit). A call that changes nothing keeps the
-current revision.
+existing tuple or deleting an absent one is a no-op, so a write sent twice leaves the same tuples
+as once. Each effective call takes the store's next revision under the store row lock, records
+its changes in ``tuple_changes`` at that revision, and notifies engines (``pg_notify``,
+delivered at commit). A call that changes nothing keeps the current revision.
+
+Every write has a key, the client's ``Idempotency-Key`` or one made up for the request, and its
+outcome is recorded under that key in its own transaction (``tuple_writes``; for a write that
+changed nothing only when the client gave a key). Under the store row lock, a key already
+recorded answers its recorded outcome instead of writing again. That one rule serves two cases:
+
+* a client retrying with the same key gets the first answer (Stripe's ``Idempotency-Key``);
+* when the connection is lost while ``COMMIT`` is in flight (PostgreSQL restarting), the write
+  is run again under the same key for up to ``SETTLE_SECONDS``: it answers the committed
+  outcome if the first try committed, and writes it if it did not. Only when PostgreSQL stays
+  away longer is the answer 503 ``db_unavailable`` with ``details.outcome = "unknown"``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import uuid
+from typing import Final
+
 import asyncpg
 
-from common.errors import StoreNotFound
+from common.db import CommitInDoubt, delete_in_batches, is_connection_error, transaction
+from common.errors import DbUnavailable, IdempotencyKeyReused, StoreNotFound
 from control_plane.authz import repository
 from control_plane.authz.schemas import Store, StoredTuple, TuplesQuery, WriteBody, Written
 from control_plane.web.actor import Actor
 from control_plane.web.pagination import Listing, Page, page_of, position
+
+log = logging.getLogger("authio.authz")
+
+SETTLE_SECONDS: Final = 5.0
+"""How long a write whose commit is in doubt waits for PostgreSQL to tell its outcome."""
 
 
 async def create_store(conn: asyncpg.Connection, actor: Actor, *, name: str) -> Store:
@@ -39,23 +61,94 @@ async def find_store(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
     return store
 
 
-async def write_tuples(conn: asyncpg.Connection, actor: Actor, *, store_id: str,
-                       body: WriteBody) -> Written:
-    """Apply ``body`` atomically. Raises InvalidRequest (a repeated tuple), StoreNotFound."""
+async def write_tuples(pool: asyncpg.Pool, actor: Actor, *, store_id: str, body: WriteBody,
+                       idempotency_key: str | None = None) -> tuple[Written, bool]:
+    """Apply ``body`` atomically, once per key; returns the outcome and whether it is the
+    recorded outcome of an earlier request with ``idempotency_key``.
+
+    Raises InvalidRequest (a repeated tuple), StoreNotFound, IdempotencyKeyReused (the key was
+    used for other tuples), DbUnavailable (the outcome is unknown: PostgreSQL did not come back
+    within ``SETTLE_SECONDS`` of a lost commit), or connection errors (nothing was written)."""
     body.check_unique()
     assert actor.project_id is not None
-    async with conn.transaction():
-        current = await repository.lock_revision(conn, actor.project_id, store_id)
-        if current is None:
-            raise StoreNotFound()
-        revision = current + 1
-        deleted = await repository.delete_tuples(conn, store_id, body.deletes)
-        written = await repository.insert_tuples(conn, store_id, body.writes, revision)
-        if not deleted and not written:
-            return Written(0, 0, current)
-        applied = [("delete", r) for r in deleted] + [("write", r) for r in written]
-        await repository.record_changes(conn, store_id, revision, applied)
-    return Written(len(written), len(deleted), revision)
+    write = _Write(actor.project_id, store_id, body, idempotency_key)
+    try:
+        async with pool.acquire() as conn:
+            return await write.run(conn)
+    except CommitInDoubt:
+        log.warning("connection lost while committing a tuple write to %s; reading back its "
+                    "outcome", store_id, exc_info=True)
+    outcome, _ = await _settle(pool, write)
+    return outcome, False  # this request's own write, read back
+
+
+async def _settle(pool: asyncpg.Pool, write: _Write) -> tuple[Written, bool]:
+    """Run ``write`` again under its key until PostgreSQL answers, for ``SETTLE_SECONDS``."""
+    loop = asyncio.get_running_loop()
+    deadline, delay = loop.time() + SETTLE_SECONDS, 0.05
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
+                async with pool.acquire() as conn:
+                    return await write.run(conn)
+        except TimeoutError:
+            break
+        except Exception as exc:
+            if not is_connection_error(exc):
+                raise
+        if loop.time() + delay >= deadline:
+            break
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
+    raise DbUnavailable(
+        "The connection to the database was lost while this write was committing, and the "
+        "database did not answer in time to tell whether it took effect. Retry it with the same "
+        "Idempotency-Key to learn its outcome (without one, retrying is safe too: writing an "
+        "existing tuple or deleting an absent one changes nothing).",
+        details={"outcome": "unknown"})
+
+
+class _Write:
+    """One tuple write under its key (the client's, or one made up for this request)."""
+
+    __slots__ = ("body", "key", "keyed", "project_id", "request", "store_id")
+
+    def __init__(self, project_id: str, store_id: str, body: WriteBody, key: str | None) -> None:
+        self.project_id, self.store_id, self.body = project_id, store_id, body
+        self.key, self.keyed = key or str(uuid.uuid4()), key is not None
+        self.request = body.digest()
+
+    async def run(self, conn: asyncpg.Connection) -> tuple[Written, bool]:
+        """One transaction: the recorded outcome of the key, or the write and its record.
+        Raises CommitInDoubt when the connection is lost while committing."""
+        store_id, body = self.store_id, self.body
+        async with transaction(conn):
+            locked = await repository.lock_revision(conn, self.project_id, store_id, self.key)
+            if locked is None:
+                raise StoreNotFound()
+            current, prior = locked
+            if prior is not None:
+                if prior[0] != self.request:
+                    raise IdempotencyKeyReused()
+                return prior[1], True
+            revision = current + 1
+            deleted = await repository.delete_tuples(conn, store_id, body.deletes)
+            written = await repository.insert_tuples(conn, store_id, body.writes, revision)
+            if deleted or written:
+                applied = [("delete", r) for r in deleted] + [("write", r) for r in written]
+                await repository.record_changes(conn, store_id, revision, applied,
+                                                write_key=self.key, request=self.request)
+                outcome = Written(len(written), len(deleted), revision)
+            else:
+                outcome = Written(0, 0, current)
+                if self.keyed:
+                    await repository.record_write(conn, store_id, self.key, self.request, outcome)
+        return outcome, False
+
+
+async def purge_writes(pool: asyncpg.Pool) -> int:
+    """Forget write outcomes a day old; how many were deleted."""
+    return await delete_in_batches(pool, repository.PURGE_WRITES)
 
 
 async def list_tuples(pool: asyncpg.Pool, tuples: Listing, store_id: str,

@@ -1,7 +1,7 @@
 """Revocations: committed with the revoke, then announced to verifiers until Redis has them.
 
 A revoke never waits on Redis. In the transaction that revokes a session (or an API key, for
-``tenancy``) a row goes into the ``revocations`` outbox (migration 0004) and ``NOTIFY`` wakes the
+``tenancy``) a row goes into the ``revocations`` outbox (migration 0005) and ``NOTIFY`` wakes the
 announcer (:func:`announce`, run by ``tasks``), which puts it on Redis (``common.revocations``:
 the set and channel of sessions; ``common.auth``: the channel of API keys), marks it announced,
 and retries whatever failed on its next pass, every second. A Redis that comes back empty

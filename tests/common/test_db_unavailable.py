@@ -51,6 +51,7 @@ async def test_outage_is_db_unavailable_and_recovers(
 
             r = await project.api.post("/v1/stores", {"name": "during outage"})
             assert_error(r, 503, "db_unavailable")
+            assert r.headers["Retry-After"] == "1"
             r = await project.api.post(f"/v1/stores/{store}/write",
                                        {"writes": [{**tuple_key, "object": "doc:2"}]})
             assert_error(r, 503, "db_unavailable")

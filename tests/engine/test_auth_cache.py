@@ -1,6 +1,10 @@
 """The API-key cache never outlives a revocation: a lookup that was in flight when the key was
 revoked and invalidated must not put the key back in the cache (review finding: it did, keeping a
-revoked key working for TTL + reply delay)."""
+revoked key working for TTL + reply delay).
+
+While PostgreSQL is away, known keys stand in for it (issue 10, item 5); the rules of that are
+pinned here with a pool whose answers the test decides (tests/engine/test_engine_outage.py runs
+the real outage)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 import pytest
@@ -66,3 +71,86 @@ async def test_unknown_keys_do_not_evict_known_ones(project: Project, db: asyncp
             await auth.authenticate(f"Bearer sk_live_{'x' * 40}{i:03d}")
     # The same object: served from the cache, which the flood of unknown keys did not empty.
     assert await auth.authenticate(f"Bearer {project.key}") is principal
+
+
+class FlakyPool:
+    """Answers the key lookup like PostgreSQL would, or fails like an unreachable one."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.down = False
+        self.hang: asyncio.Event | None = None
+        self.calls = 0
+
+    async def fetchrow(self, sql: str, digest: str) -> dict[str, Any] | None:
+        self.calls += 1
+        if self.hang is not None:
+            await self.hang.wait()
+        if self.down:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        return self.rows.get(digest)
+
+    def add(self, secret: str, key_id: str) -> None:
+        self.rows[hash_secret(secret)] = {"id": key_id, "project_id": "proj_x", "tenant_id": "ten_x",
+                                          "scopes": [], "prefix": "sk_live_"}
+
+
+KEY, OTHER = "sk_live_" + "a" * 43, "sk_live_" + "b" * 43
+
+
+async def test_known_keys_stand_in_while_postgres_is_away() -> None:
+    pool = FlakyPool()
+    pool.add(KEY, "key_a")
+    pool.add(OTHER, "key_b")
+    auth = ApiKeyAuthenticator(pool, ttl_seconds=0.05)  # type: ignore[arg-type]
+    assert (await auth.authenticate(f"Bearer {KEY}")).key_id == "key_a"
+    pool.down = True
+    await asyncio.sleep(0.06)
+    assert (await auth.authenticate(f"Bearer {KEY}")).key_id == "key_a"
+    assert auth.outage
+    with pytest.raises(ConnectionRefusedError):  # never seen: neither valid nor invalid
+        await auth.authenticate(f"Bearer {OTHER}")
+    # Once the outage is known, no request waits on PostgreSQL: a hung lookup runs behind.
+    pool.hang = asyncio.Event()
+    await asyncio.sleep(0.06)
+    async with asyncio.timeout(0.5):
+        assert (await auth.authenticate(f"Bearer {KEY}")).key_id == "key_a"
+    # A revocation heard on Redis wins at once.
+    auth.invalidate(hash_secret(KEY))
+    pool.hang.set()
+    with pytest.raises(ConnectionRefusedError):
+        await auth.authenticate(f"Bearer {KEY}")
+
+
+async def test_a_revocation_seen_when_postgres_is_back_wins() -> None:
+    pool = FlakyPool()
+    pool.add(KEY, "key_a")
+    auth = ApiKeyAuthenticator(pool, ttl_seconds=0.05)  # type: ignore[arg-type]
+    await auth.authenticate(f"Bearer {KEY}")
+    pool.down = True
+    await asyncio.sleep(0.06)
+    await auth.authenticate(f"Bearer {KEY}")  # stands in
+    pool.down, pool.rows = False, {}  # back, and the key was revoked meanwhile
+    await asyncio.sleep(0.06)
+    for _ in range(3):  # the first may still be answered from memory while the lookup runs
+        try:
+            await auth.authenticate(f"Bearer {KEY}")
+        except InvalidApiKey:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail("a key revoked in PostgreSQL was still accepted once it answered")
+    assert not auth.outage
+    with pytest.raises(InvalidApiKey):
+        await auth.authenticate(f"Bearer {KEY}")
+
+
+async def test_only_keys_known_shortly_before_the_outage_stand_in() -> None:
+    pool = FlakyPool()
+    pool.add(KEY, "key_a")
+    auth = ApiKeyAuthenticator(pool, ttl_seconds=0.05, stale_grace_seconds=0.1)  # type: ignore[arg-type]
+    await auth.authenticate(f"Bearer {KEY}")
+    await asyncio.sleep(0.2)  # unused for longer than the grace: it may have been revoked since
+    pool.down = True
+    with pytest.raises(ConnectionRefusedError):
+        await auth.authenticate(f"Bearer {KEY}")

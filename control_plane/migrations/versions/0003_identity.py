@@ -125,7 +125,7 @@ BEGIN
 END
 $fn$;
 """
-"""The refresh function as this revision made it (0004 replaces it; its downgrade restores
+"""The refresh function as this revision made it (0005 replaces it; its downgrade restores
 this)."""
 
 

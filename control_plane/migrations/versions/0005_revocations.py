@@ -12,8 +12,8 @@
   (``authio_refresh_session`` outcome ``replayed``) instead of minting another: two tabs that
   refresh at once end with one pair.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-25
 """
 
@@ -21,8 +21,8 @@ import importlib
 
 from control_plane.migrate import run_sql
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
