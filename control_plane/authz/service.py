@@ -9,6 +9,13 @@ as once. Each effective call takes the store's next revision under the store row
 its changes in ``tuple_changes`` at that revision, and notifies engines (``pg_notify``,
 delivered at commit). A call that changes nothing keeps the current revision.
 
+Audit (issue 10: the spec names no ``authz`` action, and a store created or a permission granted
+is what security reviewers look for): creating a store records ``authz.store.created``, and each
+effective write one ``authz.tuples.written`` event (never one per tuple: a bulk load would bury
+the log), both in the change's own transaction. The event holds the revision, the counts and the
+first ``AUDITED_CHANGES`` changes; the revision's full list is in ``tuple_changes``. A write that
+changes nothing, and a replayed one, record none.
+
 Every write has a key, the client's ``Idempotency-Key`` or one made up for the request, and its
 outcome is recorded under that key in its own transaction (``tuple_writes``; for a write that
 changed nothing only when the client gave a key). Under the store row lock, a key already
@@ -32,6 +39,7 @@ import asyncpg
 
 from common.db import CommitInDoubt, delete_in_batches, is_connection_error, transaction
 from common.errors import DbUnavailable, IdempotencyKeyReused, StoreNotFound
+from control_plane.audit import service as audit
 from control_plane.authz import repository
 from control_plane.authz.schemas import Store, StoredTuple, TuplesQuery, WriteBody, Written
 from control_plane.web.actor import Actor
@@ -39,15 +47,22 @@ from control_plane.web.pagination import Listing, Page, page_of, position
 
 log = logging.getLogger("authio.authz")
 
+AUDITED_CHANGES: Final = 100
+"""How many of a write's changes its audit event lists (in order; ``changes_truncated`` says
+when there were more)."""
 SETTLE_SECONDS: Final = 5.0
 """How long a write whose commit is in doubt waits for PostgreSQL to tell its outcome."""
 
 
 async def create_store(conn: asyncpg.Connection, actor: Actor, *, name: str) -> Store:
-    """Create a store at revision 0 and tell engines about it (they load it ahead of checks)."""
+    """Create a store at revision 0, with its ``authz.store.created`` event, and tell engines
+    about it (they load it ahead of checks)."""
     assert actor.project_id is not None
     async with conn.transaction():
         store = await repository.insert_store(conn, actor.project_id, name)
+        await audit.record(conn, actor, action="authz.store.created", target_type="store",
+                           target_id=store.id, description=f"Created the store {name!r}",
+                           metadata={"name": name})
         await repository.notify(conn, store.id, 0)
     return store
 
@@ -71,7 +86,7 @@ async def write_tuples(pool: asyncpg.Pool, actor: Actor, *, store_id: str, body:
     within ``SETTLE_SECONDS`` of a lost commit), or connection errors (nothing was written)."""
     body.check_unique()
     assert actor.project_id is not None
-    write = _Write(actor.project_id, store_id, body, idempotency_key)
+    write = _Write(actor, store_id, body, idempotency_key)
     try:
         async with pool.acquire() as conn:
             return await write.run(conn)
@@ -111,10 +126,11 @@ async def _settle(pool: asyncpg.Pool, write: _Write) -> tuple[Written, bool]:
 class _Write:
     """One tuple write under its key (the client's, or one made up for this request)."""
 
-    __slots__ = ("body", "key", "keyed", "project_id", "request", "store_id")
+    __slots__ = ("actor", "body", "key", "keyed", "project_id", "request", "store_id")
 
-    def __init__(self, project_id: str, store_id: str, body: WriteBody, key: str | None) -> None:
-        self.project_id, self.store_id, self.body = project_id, store_id, body
+    def __init__(self, actor: Actor, store_id: str, body: WriteBody, key: str | None) -> None:
+        assert actor.project_id is not None
+        self.actor, self.project_id, self.store_id, self.body = actor, actor.project_id, store_id, body
         self.key, self.keyed = key or str(uuid.uuid4()), key is not None
         self.request = body.digest()
 
@@ -139,11 +155,27 @@ class _Write:
                 await repository.record_changes(conn, store_id, revision, applied,
                                                 write_key=self.key, request=self.request)
                 outcome = Written(len(written), len(deleted), revision)
+                await self._audit(conn, outcome, applied)
             else:
                 outcome = Written(0, 0, current)
                 if self.keyed:
                     await repository.record_write(conn, store_id, self.key, self.request, outcome)
         return outcome, False
+
+
+    async def _audit(self, conn: asyncpg.Connection, outcome: Written,
+                     applied: list[tuple[str, asyncpg.Record]]) -> None:
+        listed = [{"operation": op, "object": r["object"], "relation": r["relation"],
+                   "user": r["subject"]} for op, r in applied[:AUDITED_CHANGES]]
+        await audit.record(
+            conn, self.actor, action="authz.tuples.written", target_type="store",
+            target_id=self.store_id,
+            description=(f"Wrote {outcome.written} and deleted {outcome.deleted} tuple(s) at "
+                         f"revision {outcome.revision}"),
+            metadata={"revision": outcome.revision, "written": outcome.written,
+                      "deleted": outcome.deleted, "changes": listed,
+                      "changes_truncated": len(applied) > AUDITED_CHANGES,
+                      **({"idempotency_key": self.key} if self.keyed else {})})
 
 
 async def purge_writes(pool: asyncpg.Pool) -> int:

@@ -144,6 +144,9 @@ async def test_tuple_writes_across_postgres_restarts(
         try:
             stored = {r["object"]: r["revision"] for r in await conn.fetch(
                 "SELECT object, revision FROM tuples WHERE store_id = $1", store)}
+            audited = [r["revision"] for r in await conn.fetch(
+                "SELECT (metadata->>'revision')::bigint AS revision FROM audit_events "
+                "WHERE action = 'authz.tuples.written' AND target_id = $1", store)]
         finally:
             await conn.close()
 
@@ -158,6 +161,8 @@ async def test_tuple_writes_across_postgres_restarts(
                  if body["written"] != 1 or stored.get(obj) != body["revision"]}
     assert not surprises, list(surprises.items())[:10]
     assert set(stored) == set(tally.answers)
+    # Exactly one audit event per committed write, whatever the faults around its commit.
+    assert sorted(audited) == sorted(set(stored.values()))
 
 
 # --- a COMMIT whose answer is lost, on purpose ----------------------------------------------
