@@ -43,6 +43,7 @@ from common.errors import (
     ProjectNotFound,
     ServiceError,
 )
+from common.ids import PATH_IDS, id_pattern
 from common.routing import Operation, Reply
 
 __all__ = ["OPENAPI_VERSION", "build_document", "document_json"]
@@ -319,8 +320,9 @@ def _reachable(paths: Mapping[str, Any], components: Mapping[str, Any]) -> set[s
 
 def _path_template(path: str) -> tuple[str, list[dict[str, Any]]]:
     """The OpenAPI path of aiohttp's ``path`` (``{name:regex}`` becomes ``{name}``) and its path
-    parameters: a plain ``{name}`` matches one or more characters other than ``/``, a regex is
-    the parameter's pattern."""
+    parameters: a regex is the parameter's pattern, a name of ``common.ids.PATH_IDS`` has the
+    pattern of its ids, any other plain ``{name}`` matches one or more characters other than
+    ``/``."""
     out: list[str] = []
     params: list[dict[str, Any]] = []
     for part in _PATH_PART.split(path):
@@ -330,10 +332,15 @@ def _path_template(path: str) -> tuple[str, list[dict[str, Any]]]:
             continue
         name, regex = match["name"], match["regex"]
         schema: dict[str, Any] = {"type": "string"}
-        if regex is None:
-            schema["pattern"] = "^[^/{}]+$"
-        else:
+        if regex is not None:
             schema["pattern"] = f"^(?:{regex})$"
+        elif name in PATH_IDS:
+            schema["pattern"] = id_pattern(PATH_IDS[name])
+            schema["description"] = (
+                f"A `{PATH_IDS[name]}_` id. Other text is not found (404), like an id that does "
+                "not exist; text holding a control character is `invalid_request`.")
+        else:
+            schema["pattern"] = "^[^/{}]+$"
         out.append("{" + name + "}")
         params.append({"name": name, "in": "path", "required": True, "schema": schema})
     return "".join(out), params

@@ -42,6 +42,9 @@ _REFUSAL: Final = "refusal"
 CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """C0 and C1 control characters (and DEL): never allowed in a human-readable text field."""
 
+CONTROL_MESSAGE: Final = "must not contain control characters"
+_NOT_IN_AN_ID_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
 
 def printable(value: str) -> str:
     """``value`` unchanged; a pydantic ``AfterValidator`` raising ValueError when it holds a
@@ -56,6 +59,16 @@ DisplayName = Annotated[
     AfterValidator(printable),
 ]
 """A human-readable name field: 1 to 200 characters after trimming, no control characters."""
+
+
+def parse_path_param(name: str, value: str) -> str:
+    """``value`` of the path parameter ``name`` (an id, ``common.ids.PATH_IDS``). Raises
+    InvalidRequest naming it when it holds a control character (NUL among them, which
+    PostgreSQL cannot take) or a lone surrogate: no id ever holds one. Other text that is not an
+    id of the kind passes, for the domain to answer not found, like an id that does not exist."""
+    if _NOT_IN_AN_ID_RE.search(value):
+        raise InvalidRequest.field(name, CONTROL_MESSAGE)
+    return value
 
 
 class RequestModel(BaseModel):

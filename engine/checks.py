@@ -49,6 +49,7 @@ from common.errors import (
 from common.http import REQUEST_ID, read_json
 from common.ids import is_id
 from common.routing import Reply, RouteTable
+from common.schemas import parse_path_param
 from common.tuples import (
     TupleFormatError,
     is_valid_tuple,
@@ -190,13 +191,15 @@ async def _store(request: web.Request, principal: Principal) -> LoadedStore:
     """The caller's store from memory (loaded on demand); StoreNotFound for a missing store and
     for another project's store alike, NotReady while the snapshot is still loading.
 
-    An id that is not a well-formed store id is not found at once: only a miss on a plausible
-    id costs a load task and a query."""
+    An id that is not a well-formed store id is not found at once (one holding a control
+    character is ``invalid_request``, as on the control plane): only a miss on a plausible id
+    costs a load task and a query."""
     registry = request.app[STORES]
     store_id = request.match_info["store_id"]
     store = registry.peek(store_id)
     if store is None:
         if not is_id(store_id, "store"):
+            parse_path_param("store_id", store_id)
             raise StoreNotFound()
         if not registry.ready and not await registry.wait_ready(_timeout_s(request)):
             raise NotReady()

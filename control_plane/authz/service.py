@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncpg
 
 from common.errors import StoreNotFound
+from common.ids import is_id
 from control_plane.authz import repository
 from control_plane.authz.schemas import Store, StoredTuple, TuplesQuery, WriteBody, Written
 from control_plane.web.actor import Actor
@@ -32,8 +33,10 @@ async def create_store(conn: asyncpg.Connection, actor: Actor, *, name: str) -> 
 
 async def find_store(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
                      store_id: str) -> Store:
-    """The store. Raises StoreNotFound when it is absent or another project's."""
-    store = await repository.find_store(conn, project_id, store_id)
+    """The store. Raises StoreNotFound when it is absent or another project's (or ``store_id``
+    is no store id: then without a query)."""
+    store = await repository.find_store(conn, project_id, store_id) if is_id(
+        store_id, "store") else None
     if store is None:
         raise StoreNotFound()
     return store
@@ -44,6 +47,8 @@ async def write_tuples(conn: asyncpg.Connection, actor: Actor, *, store_id: str,
     """Apply ``body`` atomically. Raises InvalidRequest (a repeated tuple), StoreNotFound."""
     body.check_unique()
     assert actor.project_id is not None
+    if not is_id(store_id, "store"):
+        raise StoreNotFound()
     async with conn.transaction():
         current = await repository.lock_revision(conn, actor.project_id, store_id)
         if current is None:

@@ -19,7 +19,18 @@ from redis.asyncio import Redis
 from common.settings import Settings
 from tests.fixtures.database import events, messages
 from tests.fixtures.identity import create_user, email, latest_link, session_call, sign_in, token_of, verify
-from tests.fixtures.service import ULID, Api, Project, Response, assert_error, combined_app, scoped, serving, ts
+from tests.fixtures.service import (
+    ULID,
+    Api,
+    Project,
+    Response,
+    assert_error,
+    assert_invalid_field,
+    combined_app,
+    scoped,
+    serving,
+    ts,
+)
 
 USER_FIELDS = {"id", "email", "email_verified", "phone_number", "phone_verified", "name",
                "metadata", "created_at", "updated_at", "last_sign_in_at"}
@@ -140,6 +151,17 @@ async def test_invalid_body_is_invalid_request_naming_the_field(
     assert_error(r, 400, "invalid_request")
     assert field in [f["field"] for f in r.body["error"]["details"]["fields"]], r.body
     assert await db.fetchval("SELECT count(*) FROM users WHERE project_id = $1", project.id) == 0
+
+
+@pytest.mark.parametrize("user_id", ["%00", "user_%00", "user_%7F"])
+async def test_a_control_character_in_a_user_id_is_invalid_request_naming_it(
+    project: Project, user_id: str
+) -> None:
+    for r in (await project.api.get(f"/v1/users/{user_id}"),
+              await project.api.request("PATCH", f"/v1/users/{user_id}", json={"name": "x"}),
+              await project.api.delete(f"/v1/users/{user_id}"),
+              await project.api.get(f"/v1/users/{user_id}/memberships")):
+        assert_invalid_field(r, "user_id", "must not contain control characters")
 
 
 async def test_phone_and_metadata_are_stored(project: Project) -> None:
