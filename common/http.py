@@ -41,6 +41,11 @@ _INCOMING_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 _JSON: Final = "application/json"
 NO_ROUTE: Final = "No route matches this path."
 """The message of the 404 for a path no route of the server matches."""
+NUL_MESSAGE: Final = "must not contain the NUL character (\\u0000)"
+"""Why a value holding NUL is refused: PostgreSQL can store it in no text or jsonb column, so it
+is refused where it is parsed (JSON bodies in ``read_json``)."""
+_NUL_ESCAPE: Final = b"\\u0000"  # the only way JSON text can hold NUL (raw control bytes are malformed)
+_MAX_NUL_FIELDS: Final = 20
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -139,11 +144,13 @@ def error_response(err: ServiceError, rid: str) -> web.Response:
                         headers=headers)
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
+async def read_json(request: web.Request, *, allow_nul: bool = False) -> dict[str, Any]:
     """Decode the body as a JSON object.
 
-    Raises InvalidRequest for an empty, malformed or non-object body; PayloadTooLarge past the
-    server's ``client_max_size``.
+    Raises InvalidRequest for an empty, malformed or non-object body, and for a NUL character in
+    any string or key (naming each by its dotted path: ``metadata.a.b``, ``writes.3.object``;
+    for a key, the object holding it) unless ``allow_nul``; PayloadTooLarge past the server's
+    ``client_max_size``.
     """
     try:
         raw = await request.read()
@@ -157,7 +164,31 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         raise InvalidRequest(f"Malformed JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    if not allow_nul and _NUL_ESCAPE in raw:  # a byte search; the walk only when it may be there
+        fields = _nul_fields(data)
+        if fields:
+            raise InvalidRequest(f"{fields[0]['field']}: {NUL_MESSAGE}", details={"fields": fields})
     return data
+
+
+def _nul_fields(data: dict[str, Any]) -> list[dict[str, str]]:
+    """Where ``data`` holds NUL: a string value by its dotted path, a key by the path of the
+    object holding it (``body`` at the top); depth first in document order, at most
+    ``_MAX_NUL_FIELDS``. Iterative: JSON nests deeper than Python's recursion limit."""
+    fields: list[dict[str, str]] = []
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack and len(fields) < _MAX_NUL_FIELDS:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                fields.append({"field": path, "message": NUL_MESSAGE})
+        elif isinstance(value, dict):
+            if any("\x00" in key for key in value):
+                fields.append({"field": path or "body", "message": f"a key {NUL_MESSAGE}"})
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}", v) for i, v in reversed(list(enumerate(value))))
+    return fields
 
 
 def _is_db_outage(exc: BaseException) -> bool:

@@ -653,6 +653,15 @@ async def test_a_control_character_in_a_store_id_is_invalid_request_naming_it(
     assert_invalid_field(r, "store_id", "must not contain control characters")
 
 
+async def test_a_nul_in_one_batch_item_fails_that_item_alone(project: Project) -> None:
+    store = (await project.api.post("/v1/stores", {"name": "nul"})).body["id"]
+    r = await batch(project.api, store, [{"tuple_key": tk("doc:1#viewer@user:a")},
+                                         {"tuple_key": tk("doc:\u0000#viewer@user:a")}])
+    assert r.status == 200, r.body
+    assert r.body["results"][0]["allowed"] is False
+    assert r.body["results"][1]["error"]["code"] == "invalid_request"
+
+
 async def test_other_projects_store_is_store_not_found(project: Project, new_project: Any) -> None:
     other = await new_project("B")
     store = await new_store(project.api)

@@ -160,6 +160,23 @@ async def test_show_and_not_found(project: Project, new_project: Callable[..., A
     assert (await other.api.get(f"/v1/organizations/{theirs['id']}")).body["name"] == "Acme"
 
 
+@pytest.mark.parametrize(("metadata", "field"), [
+    ({"a": {"b": "\u0000"}}, "metadata.a.b"),
+    ({"k\u0000": True}, "metadata"),
+])
+async def test_a_nul_in_metadata_is_invalid_request_naming_it(
+    project: Project, db: asyncpg.Pool, metadata: dict[str, Any], field: str
+) -> None:
+    """PostgreSQL's jsonb cannot hold NUL: it reached the insert and answered 500."""
+    r = await project.api.post("/v1/organizations", {"name": "Acme", "slug": slug(),
+                                                     "metadata": metadata})
+    assert_invalid_field(r, field)
+    assert await org_count(db, project.id) == 0
+    org = await create_org(project.api)
+    assert_invalid_field(await patch(project.api, org["id"], {"metadata": metadata}), field)
+    assert (await project.api.get(f"/v1/organizations/{org['id']}")).body["metadata"] == {}
+
+
 async def test_a_control_character_in_a_path_id_is_invalid_request_naming_it(
     project: Project
 ) -> None:

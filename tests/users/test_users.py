@@ -153,6 +153,28 @@ async def test_invalid_body_is_invalid_request_naming_the_field(
     assert await db.fetchval("SELECT count(*) FROM users WHERE project_id = $1", project.id) == 0
 
 
+NUL = "\u0000"
+
+
+@pytest.mark.parametrize(("metadata", "field"), [
+    ({"a": {"b": "x" + NUL}}, "metadata.a.b"),
+    ({"list": [1, "ok", NUL]}, "metadata.list.2"),
+    ({"a" + NUL: 1}, "metadata"),  # a key: the object holding it is named
+])
+async def test_a_nul_in_metadata_is_invalid_request_naming_it(
+    project: Project, db: asyncpg.Pool, metadata: dict[str, Any], field: str
+) -> None:
+    """PostgreSQL's jsonb cannot hold NUL: it reached the insert and answered 500."""
+    address = email()
+    r = await project.api.post("/v1/users", {"email": address, "metadata": metadata})
+    assert_invalid_field(r, field)
+    assert await messages(db, project.id, address, "enrollment") == 0
+    user = await create_user(project.api)
+    r = await project.api.request("PATCH", f"/v1/users/{user['id']}", json={"metadata": metadata})
+    assert_invalid_field(r, field)
+    assert (await project.api.get(f"/v1/users/{user['id']}")).body["metadata"] == {}
+
+
 @pytest.mark.parametrize("user_id", ["%00", "user_%00", "user_%7F"])
 async def test_a_control_character_in_a_user_id_is_invalid_request_naming_it(
     project: Project, user_id: str
