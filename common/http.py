@@ -43,7 +43,8 @@ NO_ROUTE: Final = "No route matches this path."
 """The message of the 404 for a path no route of the server matches."""
 NUL_MESSAGE: Final = "must not contain the NUL character (\\u0000)"
 """Why a value holding NUL is refused: PostgreSQL can store it in no text or jsonb column, so it
-is refused where it is parsed (JSON bodies in ``read_json``)."""
+is refused where it is parsed (JSON bodies in ``read_json``, query strings in
+``common.schemas.parse_query``)."""
 _NUL_ESCAPE: Final = b"\\u0000"  # the only way JSON text can hold NUL (raw control bytes are malformed)
 _MAX_NUL_FIELDS: Final = 20
 

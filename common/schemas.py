@@ -34,7 +34,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError
 
 from common.errors import InvalidRequest, ServiceError
-from common.http import read_json
+from common.http import NUL_MESSAGE, read_json
 
 M = TypeVar("M", bound=BaseModel)
 _REFUSAL: Final = "refusal"
@@ -69,6 +69,12 @@ def parse_path_param(name: str, value: str) -> str:
     if _NOT_IN_AN_ID_RE.search(value):
         raise InvalidRequest.field(name, CONTROL_MESSAGE)
     return value
+
+
+def refuse_nul(name: str, value: str) -> None:
+    """Raises InvalidRequest naming ``name`` when ``value`` holds NUL (``NUL_MESSAGE``)."""
+    if "\x00" in value:
+        raise InvalidRequest.field(name, NUL_MESSAGE)
 
 
 class RequestModel(BaseModel):
@@ -179,7 +185,10 @@ Q = TypeVar("Q", bound=QueryModel)
 
 def parse_query(query: MultiMapping[str], model: type[Q]) -> Q:
     """``query`` (a request's query string) validated into ``model``. Raises InvalidRequest
-    naming each bad parameter."""
+    naming each bad parameter; first, whatever the model, a name or value holding NUL."""
+    for name, value in query.items():
+        refuse_nul(name, name)
+        refuse_nul(name, value)
     if model.strict_names:
         allowed = [f.alias or name for name, f in model.model_fields.items()]
         unknown = sorted(set(query) - set(allowed))
