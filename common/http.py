@@ -2,9 +2,10 @@
 
 * ``envelope_middleware``: assigns the request id (an incoming valid ``X-Request-Id`` is reused,
   else ``req_<ulid>``; also in ``common.logging.CURRENT_REQUEST_ID`` for the request's log lines),
-  sets ``X-Request-Id`` on every response, and is the one translation point
-  from exceptions to ``{"error": {"code", "message", "details"}, "request_id"}`` (DESIGN.md).
-  Unknown routes, wrong methods and oversized bodies get the same envelope.
+  refuses a header value that is not UTF-8 text, sets ``X-Request-Id`` on every response, and is
+  the one translation point from exceptions to ``{"error": {"code", "message", "details"},
+  "request_id"}`` (DESIGN.md). Unknown routes, wrong methods and oversized bodies get the same
+  envelope.
 * ``json_response``: orjson body (a mapping or a dataclass) with ``request_id`` added at top
   level.
 * ``read_json``: body decoding into ``invalid_request`` (models: ``common.schemas``).
@@ -47,6 +48,10 @@ is refused where it is parsed (JSON bodies in ``read_json``, query strings in
 ``common.schemas.parse_query``)."""
 _NUL_ESCAPE: Final = b"\\u0000"  # the only way JSON text can hold NUL (raw control bytes are malformed)
 _MAX_NUL_FIELDS: Final = 20
+# aiohttp decodes header bytes as UTF-8 with surrogateescape: a byte that is not UTF-8 becomes a
+# lone surrogate, which no encoder (asyncpg's, orjson's) will take.
+_UNDECODED_RE: Final = re.compile("[\udc80-\udcff]")
+NOT_UTF8: Final = "must be UTF-8 text"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -132,17 +137,38 @@ def json_response(
 
 def error_body(err: ServiceError, rid: str) -> bytes:
     """The envelope of ``err`` as JSON bytes."""
-    return orjson.dumps(
-        {"error": {"code": err.code, "message": err.message, "details": err.details},
-         "request_id": rid}
-    )
+    return _written(err, rid)[1]
 
 
 def error_response(err: ServiceError, rid: str) -> web.Response:
     """A complete error response for ``err`` (status, headers, envelope)."""
+    err, body = _written(err, rid)
     headers = {"X-Request-Id": rid, **err.headers}
-    return web.Response(body=error_body(err, rid), status=err.status, content_type=_JSON,
-                        headers=headers)
+    return web.Response(body=body, status=err.status, content_type=_JSON, headers=headers)
+
+
+def _written(err: ServiceError, rid: str) -> tuple[ServiceError, bytes]:
+    """``err`` and its envelope as JSON; ``internal_error`` and its envelope instead when ``err``
+    cannot be written as JSON (a message or detail holding text that is not Unicode: a bug)."""
+    try:
+        return err, orjson.dumps(
+            {"error": {"code": err.code, "message": err.message, "details": err.details},
+             "request_id": rid})
+    except orjson.JSONEncodeError:
+        log.exception("the %s error could not be written as JSON", err.code,
+                      extra={"request_id": rid})
+        fallback = InternalError()
+        return fallback, orjson.dumps(
+            {"error": {"code": fallback.code, "message": fallback.message, "details": {}},
+             "request_id": rid})
+
+
+def undecodable_header(request: web.Request) -> str | None:
+    """The name of the first header whose value is not UTF-8 text, or None."""
+    for name, value in request.headers.items():
+        if not value.isascii() and _UNDECODED_RE.search(value):
+            return name
+    return None
 
 
 async def read_json(request: web.Request, *, allow_nul: bool = False) -> dict[str, Any]:
@@ -234,6 +260,11 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
     request[REQUEST_ID] = rid
     token = CURRENT_REQUEST_ID.set(rid)  # every log line of this request carries it
     try:
+        # Headers are read by rules, stored (User-Agent in the audit log) and echoed in errors:
+        # one that is not text is refused here, once, rather than failing wherever it lands.
+        bad_header = undecodable_header(request)
+        if bad_header is not None:
+            return error_response(InvalidRequest.field(bad_header, NOT_UTF8), rid)
         response = await handler(request)
     except ServiceError as err:
         return error_response(err, rid)

@@ -393,7 +393,7 @@ def _operation(
     if op.body is not None:
         out["requestBody"] = {"required": True, "content": {
             "application/json": {"schema": schemas[op.body, "validation"]}}}
-    out["responses"] = _responses(op, bool(path_params), schemas, components)
+    out["responses"] = _responses(op, schemas, components)
     if op.security:
         out["security"] = _security(op)
     return out
@@ -462,11 +462,11 @@ def _security_text(op: Operation) -> str:
 # --- responses --------------------------------------------------------------------------------
 
 
-def _errors_of(op: Operation, has_path_params: bool) -> list[type[ServiceError]]:
+def _errors_of(op: Operation) -> list[type[ServiceError]]:
     """The error classes ``op`` may answer: its own and those implied by its other fields."""
-    errors: list[type[ServiceError]] = list(op.errors)
-    if op.body is not None or op.query is not None or has_path_params or op.project:
-        errors.append(InvalidRequest)
+    # Any request may be invalid_request: a header that is not UTF-8 text, HTTP that aiohttp's
+    # parser refuses (common.http); and a body, query, path parameter or project named wrongly.
+    errors: list[type[ServiceError]] = [*op.errors, InvalidRequest]
     if op.body is not None:
         errors.append(PayloadTooLarge)
     if "api_key" in op.security:
@@ -493,7 +493,6 @@ def _headers(reply_headers: Mapping[str, str]) -> dict[str, Any]:
 
 def _responses(
     op: Operation,
-    has_path_params: bool,
     schemas: Mapping[_Key, dict[str, Any]],
     components: dict[str, Any],
 ) -> dict[str, Any]:
@@ -513,7 +512,7 @@ def _responses(
         content[reply.content_type] = {"schema": _body_schema(op, reply, schemas, components)}
 
     by_status: dict[int, dict[str, type[ServiceError]]] = {}
-    for err in _errors_of(op, has_path_params):
+    for err in _errors_of(op):
         by_status.setdefault(err.status, {}).setdefault(err.code, err)
     for code_status, codes in sorted(by_status.items()):
         if str(code_status) in responses:

@@ -1,0 +1,137 @@
+"""Requests no HTTP client library would send, written to a socket byte for byte: header values
+that are not UTF-8, and malformed HTTP that aiohttp's parser refuses before any handler runs.
+Each still gets the envelope (``invalid_request`` with a fresh ``req_`` id in the body and in
+``X-Request-Id``), never a 500 and never an echo of the request line."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import orjson
+import pytest
+
+from tests.fixtures import conformance
+from tests.fixtures.service import Api, Project
+
+REQ_ID = re.compile(r"^req_[0-9a-hjkmnp-tv-z]{26}$")
+
+
+@dataclass
+class Raw:
+    """One answer as it came off the socket."""
+
+    version: str
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> dict[str, object]:
+        value = orjson.loads(self.body)
+        assert isinstance(value, dict), self.body
+        return value
+
+
+async def send(api: Api, data: bytes) -> Raw:
+    """Write ``data`` to a new connection to ``api``'s server and read the first answer."""
+    url = urlsplit(api.base_url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        version, status, _ = status_line.split(" ", 2)
+        headers = {}
+        for line in filter(None, lines):
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        body = await asyncio.wait_for(reader.readexactly(length), 10)
+        return Raw(version, int(status), headers, body)
+    finally:
+        writer.close()
+
+
+def request(method: str, target: str, *headers: bytes, body: bytes = b"") -> bytes:
+    """A request with ``Host`` and ``Connection: close`` and ``headers`` (each a raw line)."""
+    lines = [f"{method} {target} HTTP/1.1".encode(), b"Host: authio.test", b"Connection: close",
+             *headers]
+    if body:
+        lines.append(b"Content-Length: " + str(len(body)).encode())
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def assert_envelope(answer: Raw, status: int = 400, code: str = "invalid_request") -> dict[str, object]:
+    """The envelope with a fresh request id in the body and the header alike; the error."""
+    assert answer.status == status, (answer.status, answer.body)
+    assert answer.headers["content-type"].startswith("application/json"), answer.headers
+    body = answer.json()
+    error = body["error"]
+    assert isinstance(error, dict) and error["code"] == code, body
+    assert isinstance(error["message"], str) and error["message"], body
+    assert REQ_ID.match(str(body["request_id"])), body
+    assert answer.headers.get("x-request-id") == body["request_id"], (answer.headers, body)
+    return error
+
+
+def fields(error: dict[str, object]) -> list[object]:
+    details = error["details"]
+    assert isinstance(details, dict)
+    return [f["field"] for f in details.get("fields", [])]
+
+
+def assert_documented(method: str, path: str, answer: Raw) -> None:
+    problems = conformance.document().problems(method, path, answer.status,
+                                               answer.headers.get("content-type", ""),
+                                               {k.title(): v for k, v in answer.headers.items()},
+                                               answer.body)
+    assert not problems, problems
+
+
+def bearer(key: str) -> bytes:
+    return b"Authorization: Bearer " + key.encode()
+
+
+JSON = b"Content-Type: application/json"
+
+
+# --- header values that are not UTF-8 ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [b"caf\xe9", b"\xed\xa0\x80", b"\xff\xfe"])
+async def test_a_user_agent_that_is_not_utf8_is_invalid_request(service: Api, project: Project,
+                                                                value: bytes) -> None:
+    """It went into the audit event of the change and asyncpg could not encode it (a 500)."""
+    body = orjson.dumps({"email": "ua@example.com"})
+    answer = await send(service, request("POST", "/v1/users", bearer(project.key), JSON,
+                                         b"User-Agent: " + value, body=body))
+    assert fields(assert_envelope(answer)) == ["User-Agent"]
+    assert_documented("POST", "/v1/users", answer)
+    listing = await project.api.get("/v1/users")
+    assert listing.body["data"] == []
+
+
+@pytest.mark.parametrize(("method", "target", "header"), [
+    ("GET", "/v1/projects/me", b"Authorization: Bearer sk_live_\xff\xfe"),
+    ("GET", "/v1/auth/.well-known/jwks.json", b"Service-Project: proj_\xff"),
+    ("POST", "/v1/auth/magic-link/verify", b"Service-Project: \xff"),
+    ("GET", "/healthz", b"X-Anything: \xc3"),
+])
+async def test_any_header_that_is_not_utf8_is_invalid_request(service: Api, method: str,
+                                                              target: str, header: bytes) -> None:
+    """Each of these answered 500, one of them aiohttp's own plain text (the envelope failed to
+    serialize the undecodable project id it echoed)."""
+    answer = await send(service, request(method, target, header, JSON,
+                                         body=b'{"token": "abc"}' if method == "POST" else b""))
+    error = assert_envelope(answer)
+    assert fields(error) == [header.split(b":")[0].decode()]
+    assert_documented(method, target, answer)
+
+
+async def test_a_utf8_header_value_is_fine(service: Api, project: Project) -> None:
+    answer = await send(service, request("GET", "/v1/projects/me", bearer(project.key),
+                                         "User-Agent: café/1.0 ✓".encode()))
+    assert answer.status == 200, answer.body
