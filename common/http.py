@@ -9,6 +9,8 @@
 * ``json_response``: orjson body (a mapping or a dataclass) with ``request_id`` added at top
   level.
 * ``read_json``: body decoding into ``invalid_request`` (models: ``common.schemas``).
+* ``EnvelopeRunner``: ``web.AppRunner`` for both services, whose connections answer what aiohttp
+  itself refuses before any middleware runs (HTTP its parser rejects) in the same envelope.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import orjson
-from aiohttp import web
+from aiohttp import http_exceptions, web, web_protocol, web_request
 
 from common.errors import (
     DbUnavailable,
@@ -284,3 +286,83 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
     if not response.prepared:
         response.headers["X-Request-Id"] = rid
     return response
+
+
+# --- what aiohttp answers before the app runs -----------------------------------------------------
+
+_MALFORMED: Final = (
+    # (parser error, details.reason, message): the most specific first. Never the parser's own
+    # text, which quotes the offending bytes (the request line, the path, a header).
+    (http_exceptions.LineTooLong, "line_too_long",
+     "A request line or header is longer than the server accepts (8190 bytes)."),
+    (http_exceptions.BadHttpMethod, "bad_method", "The request method is not valid."),
+    (http_exceptions.BadStatusLine, "bad_request_line", "The request line is not valid HTTP/1.1."),
+    (http_exceptions.InvalidURLError, "bad_target", "The request target is not a valid URL."),
+    (http_exceptions.InvalidHeader, "bad_header", "A header is not valid HTTP."),
+    (http_exceptions.PayloadEncodingError, "bad_body_encoding",
+     "The body's framing or content encoding is not valid."),
+)
+
+
+def malformed_http(exc: BaseException | None) -> InvalidRequest:
+    """``invalid_request`` for a request aiohttp's parser refused (``exc``), with
+    ``details.reason``; the request's own bytes are never repeated."""
+    for kind, reason, message in _MALFORMED:
+        if isinstance(exc, kind):
+            return InvalidRequest(message, details={"reason": reason})
+    return InvalidRequest("The request is not valid HTTP.", details={"reason": "malformed"})
+
+
+class _EnvelopeRequestHandler(web_protocol.RequestHandler):
+    """aiohttp's connection protocol, answering its own errors in the envelope.
+
+    ``handle_error`` is what aiohttp calls for every error it answers itself, outside any
+    middleware: 400 for a request its parser refused (a request line over 8 KiB, a bare LF, a NUL
+    in a header, ...), 500 (or 504) for an exception that escaped the middleware chain. Its
+    default is a ``text/plain`` page quoting the parser's message, which repeats the offending
+    bytes. The connection is closed after it, as aiohttp does: the parser's state is lost."""
+
+    def handle_error(self, request: web_request.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp: the status line is out already
+            raise ConnectionError("Response is sent already, cannot send another response "
+                                  "with the error message")
+        rid = new_id("req")  # the headers were never parsed: no incoming id to reuse
+        err: ServiceError
+        if status == 400:
+            err = malformed_http(exc)
+            log.info("malformed HTTP refused (%s) from %s", err.details["reason"], request.remote,
+                     extra={"request_id": rid})
+        else:
+            err = InternalError()
+            log.error("error outside the middleware (aiohttp status %s)", status,
+                      exc_info=exc, extra={"request_id": rid})
+        response = error_response(err, rid)
+        response.force_close()
+        return response
+
+
+class _EnvelopeServer(web.Server):
+    """``web.Server`` whose connections are :class:`_EnvelopeRequestHandler`."""
+
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class EnvelopeRunner(web.AppRunner):
+    """``web.AppRunner`` serving through :class:`_EnvelopeServer`: what aiohttp refuses before
+    the app runs is answered in the envelope too. Serve both services with it
+    (``common.runtime.run_app``, and the tests' servers).
+
+    aiohttp 3 has no public hook for this: a parser error never reaches the middleware or
+    ``on_response_prepare`` (aiohttp 4 routes it through the middleware chain, aio-libs/aiohttp
+    #3287). Runners exist to be subclassed through ``_make_server`` (``ServerRunner`` and
+    ``AppRunner`` are such subclasses); this one makes the app's server as ``AppRunner`` does
+    and builds the same server with the envelope's protocol."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return _EnvelopeServer(server.request_handler, request_factory=server.request_factory,
+                               handler_cancellation=server.handler_cancellation,
+                               loop=server._loop, **server._kwargs)

@@ -6,15 +6,17 @@ Each still gets the envelope (``invalid_request`` with a fresh ``req_`` id in th
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import orjson
 import pytest
+from aiohttp import ClientSession, ClientTimeout
 
 from tests.fixtures import conformance
-from tests.fixtures.service import Api, Project
+from tests.fixtures.service import Api, Project, serve_process, stop_gracefully
 
 REQ_ID = re.compile(r"^req_[0-9a-hjkmnp-tv-z]{26}$")
 
@@ -135,3 +137,76 @@ async def test_a_utf8_header_value_is_fine(service: Api, project: Project) -> No
     answer = await send(service, request("GET", "/v1/projects/me", bearer(project.key),
                                          "User-Agent: café/1.0 ✓".encode()))
     assert answer.status == 200, answer.body
+
+
+# --- HTTP that aiohttp's parser refuses -------------------------------------------------------
+
+SECRET = b"/v1/users/secret-marker-7f3a"
+"""A path that must never come back in an answer (an error page that echoes the request line
+is a reflection vector and leaks what proxies logged)."""
+
+
+MALFORMED = [
+    ("request line over 8 KiB", b"GET " + SECRET + b"?q=" + b"a" * 9000
+     + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
+    ("bare LF line endings", b"GET " + SECRET + b" HTTP/1.1\nHost: x\n\n"),
+    ("NUL in a header", b"GET " + SECRET + b" HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n"),
+    ("control character in a header", b"GET " + SECRET + b" HTTP/1.1\r\nHost: x\r\nX-A: \x01\r\n\r\n"),
+    ("header over 8 KiB", b"GET " + SECRET + b" HTTP/1.1\r\nHost: x\r\nX-Long: " + b"b" * 9000
+     + b"\r\n\r\n"),
+    ("too many headers", b"GET " + SECRET + b" HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 200
+     + b"\r\n"),
+    ("a method that is not a token", b"G(T " + SECRET + b" HTTP/1.1\r\nHost: x\r\n\r\n"),
+    ("an asterisk target for GET", b"GET * HTTP/1.1\r\nHost: x\r\nX-Path: " + SECRET + b"\r\n\r\n"),
+    ("no Host in HTTP/1.1", b"GET " + SECRET + b" HTTP/1.1\r\nAccept: */*\r\n\r\n"),
+    ("two Host headers", b"GET " + SECRET + b" HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+    ("a bad chunk size", b"POST " + SECRET + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked"
+     b"\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"),
+    ("Content-Length and chunked", b"POST " + SECRET + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2"
+     b"\r\nTransfer-Encoding: chunked\r\n\r\n{}"),
+    ("a Content-Length that is no number", b"POST " + SECRET + b" HTTP/1.1\r\nHost: x\r\n"
+     b"Content-Length: 1e3\r\n\r\n{}"),
+]
+
+
+async def read_all(api: Api, data: bytes) -> Raw:
+    """Send ``data`` and read until the server closes the connection, as it does after refusing
+    malformed HTTP; nothing of the request's path may be in what came back."""
+    url = urlsplit(api.base_url)
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write(data)
+        await writer.drain()
+        everything = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    assert b"secret-marker" not in everything, everything
+    head, _, body = everything.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+    version, status, _ = status_line.split(" ", 2)
+    return Raw(version, int(status), headers, body)
+
+
+@pytest.mark.parametrize("data", [pytest.param(data, id=name) for name, data in MALFORMED])
+async def test_malformed_http_gets_the_envelope_and_no_echo(service: Api, data: bytes) -> None:
+    """aiohttp answered each with its own text/plain 400 quoting the offending line (the path,
+    the header), without X-Request-Id."""
+    error = assert_envelope(await read_all(service, data))
+    assert isinstance(error["details"], dict) and error["details"]["reason"], error
+
+
+
+async def test_authio_serve_answers_malformed_http_in_the_envelope(
+    database_url: str, redis_url: str, redis_prefix: str
+) -> None:
+    """The production entry point (its own serve loop, not web.run_app) uses the same runner,
+    and still stops gracefully."""
+    env = {**os.environ, "DATABASE_URL": database_url, "REDIS_URL": redis_url,
+           "SERVICE_REDIS_PREFIX": redis_prefix}
+    async with ClientSession(timeout=ClientTimeout(total=20)) as http, \
+            serve_process(http, env, "all") as served:
+        for _, data in MALFORMED[:3]:
+            assert_envelope(await read_all(served.api, data))
+        assert await stop_gracefully(served) == 0
+        assert "Traceback" not in served.logs(), served.logs()
