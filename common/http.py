@@ -176,7 +176,8 @@ def undecodable_header(request: web.Request) -> str | None:
 async def read_json(request: web.Request, *, allow_nul: bool = False) -> dict[str, Any]:
     """Decode the body as a JSON object.
 
-    Raises InvalidRequest for an empty, malformed or non-object body, and for a NUL character in
+    Raises InvalidRequest for an empty, malformed or non-object body, one whose encoding cannot
+    be decoded (``details.reason`` ``bad_body_encoding``), and for a NUL character in
     any string or key (naming each by its dotted path: ``metadata.a.b``, ``writes.3.object``;
     for a key, the object holding it) unless ``allow_nul``; PayloadTooLarge past the server's
     ``client_max_size``.
@@ -185,6 +186,10 @@ async def read_json(request: web.Request, *, allow_nul: bool = False) -> dict[st
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(details={"max_bytes": request.client_max_size}) from None
+    except web_protocol.RequestPayloadError as exc:
+        # aiohttp decodes Content-Encoding and chunking as the body is read: what it cannot
+        # decode surfaces here, in the handler, not in its parser.
+        raise malformed_http(exc.__cause__) from None
     if not raw:
         raise InvalidRequest("The request body must be a JSON object.")
     try:

@@ -6,6 +6,7 @@ Each still gets the envelope (``invalid_request`` with a fresh ``req_`` id in th
 from __future__ import annotations
 
 import asyncio
+import gzip
 import os
 import re
 from dataclasses import dataclass
@@ -137,6 +138,27 @@ async def test_a_utf8_header_value_is_fine(service: Api, project: Project) -> No
     answer = await send(service, request("GET", "/v1/projects/me", bearer(project.key),
                                          "User-Agent: café/1.0 ✓".encode()))
     assert answer.status == 200, answer.body
+
+
+# --- bodies that cannot be decoded -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
+async def test_a_body_that_does_not_decompress_is_invalid_request(service: Api, project: Project,
+                                                                  encoding: bytes) -> None:
+    """aiohttp decompresses as the handler reads; the error it raised then was a 500."""
+    answer = await send(service, request("POST", "/v1/stores", bearer(project.key), JSON,
+                                         b"Content-Encoding: " + encoding, body=b"not compressed"))
+    assert assert_envelope(answer)["details"] == {"reason": "bad_body_encoding"}
+    assert_documented("POST", "/v1/stores", answer)
+    assert (await project.api.get("/v1/stores")).body["data"] == []
+
+
+async def test_a_gzip_body_is_read(service: Api, project: Project) -> None:
+    body = gzip.compress(orjson.dumps({"name": "zipped"}))
+    answer = await send(service, request("POST", "/v1/stores", bearer(project.key), JSON,
+                                         b"Content-Encoding: gzip", body=body))
+    assert answer.status == 201, answer.body
 
 
 # --- HTTP that aiohttp's parser refuses -------------------------------------------------------
