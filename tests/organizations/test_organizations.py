@@ -177,6 +177,14 @@ async def test_a_nul_in_metadata_is_invalid_request_naming_it(
     assert (await project.api.get(f"/v1/organizations/{org['id']}")).body["metadata"] == {}
 
 
+async def test_metadata_nested_too_deep_is_invalid_request(project: Project) -> None:
+    """Past 254 levels the size check could not serialize it (orjson's limit): a 500."""
+    deep = b"[" * 299 + b"]" * 299
+    r = await project.api.post("/v1/organizations", data=b'{"name": "Acme", "slug": "%s", '
+                               b'"metadata": {"a": %s}}' % (slug().encode(), deep))
+    assert_invalid_field(r, "metadata", "must nest at most 32 levels")
+
+
 async def test_a_control_character_in_a_path_id_is_invalid_request_naming_it(
     project: Project
 ) -> None:

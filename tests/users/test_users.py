@@ -175,6 +175,29 @@ async def test_a_nul_in_metadata_is_invalid_request_naming_it(
     assert (await project.api.get(f"/v1/users/{user['id']}")).body["metadata"] == {}
 
 
+@pytest.mark.parametrize("depth", [33, 300, 1000])
+async def test_metadata_nested_too_deep_is_invalid_request(project: Project, depth: int) -> None:
+    """Past 254 levels the size check could not serialize it (orjson's limit): a 500."""
+    deep = b'{"a":' * depth + b"1" + b"}" * depth  # metadata nesting `depth` objects
+    r = await project.api.post("/v1/users", data=b'{"email": "%s", "metadata": %s}' % (
+        email().encode(), deep))
+    assert_invalid_field(r, "metadata", "must nest at most 32 levels")
+    user = await create_user(project.api)
+    r = await project.api.request("PATCH", f"/v1/users/{user['id']}",
+                                  data=b'{"metadata": %s}' % deep)
+    assert_invalid_field(r, "metadata", "must nest at most 32 levels")
+
+
+async def test_metadata_nested_32_levels_is_stored(project: Project) -> None:
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(31):
+        inner["a"] = {}
+        inner = inner["a"]
+    user = await create_user(project.api, metadata=deep)
+    assert user["metadata"] == deep
+
+
 @pytest.mark.parametrize("user_id", ["%00", "user_%00", "user_%7F"])
 async def test_a_control_character_in_a_user_id_is_invalid_request_naming_it(
     project: Project, user_id: str
