@@ -111,7 +111,26 @@ _ERROR_SCHEMA: Final[dict[str, Any]] = {
     "additionalProperties": False,
 }
 
+NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
+"""The ``pattern`` of every request string that has none of its own: no body, query or path
+text may hold NUL (``common.http.read_json``, ``common.schemas.parse_query``)."""
+JSON_VALUE_REF: Final = SCHEMA_REF.format(model="JsonValue")
+"""A free-form JSON value as requests may carry it (``JsonValue``: no NUL in a string or key)."""
+
+_JSON_VALUE_SCHEMA: Final[dict[str, Any]] = {
+    "title": "JsonValue",
+    "description": "Any JSON value, except that no string or key holds the NUL character.",
+    "anyOf": [
+        {"type": "string", "pattern": NO_NUL_PATTERN},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": {"$ref": JSON_VALUE_REF}},
+        {"type": "object", "propertyNames": {"pattern": NO_NUL_PATTERN},
+         "additionalProperties": {"$ref": JSON_VALUE_REF}},
+    ],
+}
+
 _BUILTIN_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
+    "JsonValue": _JSON_VALUE_SCHEMA,
     "RequestId": _REQUEST_ID_SCHEMA,
     "ErrorInfo": _ERROR_INFO_SCHEMA,
     "Error": _ERROR_SCHEMA,
@@ -218,7 +237,14 @@ def document_json(doc: Mapping[str, Any]) -> bytes:
 
 class _Generator(GenerateJsonSchema):
     """pydantic's generator, knowing that a dataclass field marked ``OMIT_IF_NONE`` may be
-    absent from a reply body (``common.http.body_of``)."""
+    absent from a reply body (``common.http.body_of``), and that no request string holds NUL
+    (``NO_NUL_PATTERN`` for those without a pattern of their own)."""
+
+    def str_schema(self, schema: core_schema.StringSchema) -> JsonSchemaValue:
+        json_schema = super().str_schema(schema)
+        if self.mode == "validation":
+            json_schema.setdefault("pattern", NO_NUL_PATTERN)
+        return json_schema
 
     def dataclass_schema(self, schema: core_schema.DataclassSchema) -> JsonSchemaValue:
         json_schema = super().dataclass_schema(schema)

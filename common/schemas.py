@@ -28,6 +28,7 @@ from pydantic import (
     GetJsonSchemaHandler,
     StringConstraints,
     ValidationError,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
@@ -54,9 +55,27 @@ def printable(value: str) -> str:
     return value
 
 
+# What pydantic's strip_whitespace trims (Unicode White_Space, as Rust's str::trim: not quite
+# Python's str.isspace, which adds U+001C..U+001F) and what CONTROL_RE refuses, for patterns that
+# say exactly what a name field takes.
+_WS: Final = r"\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_CONTROL: Final = r"\u0000-\u001f\u007f-\u009f"
+
+
+def name_pattern(max_length: int, *, required: bool) -> str:
+    """The JSON Schema ``pattern`` of a name field: after trimming whitespace, 1 (0 unless
+    ``required``) to ``max_length`` characters with no control character."""
+    ends, inner = f"[^{_WS}{_CONTROL}]", f"[^{_CONTROL}]"
+    core = f"{ends}(?:{inner}{{0,{max_length - 2}}}{ends})?"
+    return f"^[{_WS}]*{core}[{_WS}]*$" if required else f"^[{_WS}]*(?:{core}[{_WS}]*)?$"
+
+
 DisplayName = Annotated[
     str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
     AfterValidator(printable),
+    WithJsonSchema({"type": "string", "pattern": name_pattern(200, required=True),
+                    "description": "1 to 200 characters after trimming whitespace, none of them "
+                                   "a control character."}),
 ]
 """A human-readable name field: 1 to 200 characters after trimming, no control characters."""
 

@@ -355,8 +355,11 @@ def test_query_parameters_from_the_model(doc: dict[str, Any]) -> None:
     assert list(params) == ["from", "limit", "cursor"]  # the alias, not from_
     assert params["from"]["in"] == "query" and params["from"]["required"] is False
     assert params["from"]["description"] == "Only users created at or after this id."
-    assert params["from"]["schema"] == {"type": "string", "title": "From"}  # absent, never null
-    assert params["cursor"]["schema"] == {"type": "string", "title": "Cursor"}
+    # absent, never null; and, as every request string without a pattern of its own, no NUL
+    assert params["from"]["schema"] == {"type": "string", "title": "From",
+                                        "pattern": "^[^\\u0000]*$"}
+    assert params["cursor"]["schema"] == {"type": "string", "title": "Cursor",
+                                          "pattern": "^[^\\u0000]*$"}
     limit = params["limit"]
     assert limit["required"] is False
     assert limit["description"] == "At most this many users."
