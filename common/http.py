@@ -2,12 +2,15 @@
 
 * ``envelope_middleware``: assigns the request id (an incoming valid ``X-Request-Id`` is reused,
   else ``req_<ulid>``; also in ``common.logging.CURRENT_REQUEST_ID`` for the request's log lines),
-  sets ``X-Request-Id`` on every response, and is the one translation point
-  from exceptions to ``{"error": {"code", "message", "details"}, "request_id"}`` (DESIGN.md).
-  Unknown routes, wrong methods and oversized bodies get the same envelope.
+  refuses a header value that is not UTF-8 text, sets ``X-Request-Id`` on every response, and is
+  the one translation point from exceptions to ``{"error": {"code", "message", "details"},
+  "request_id"}`` (DESIGN.md). Unknown routes, wrong methods and oversized bodies get the same
+  envelope.
 * ``json_response``: orjson body (a mapping or a dataclass) with ``request_id`` added at top
   level.
 * ``read_json``: body decoding into ``invalid_request`` (models: ``common.schemas``).
+* ``EnvelopeRunner``: ``web.AppRunner`` for both services, whose connections answer what aiohttp
+  itself refuses before any middleware runs (HTTP its parser rejects) in the same envelope.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import orjson
-from aiohttp import web
+from aiohttp import http_exceptions, web, web_protocol, web_request
 
 from common.db import is_connection_error
 from common.errors import (
@@ -42,6 +45,16 @@ _INCOMING_ID_RE: Final = re.compile(r"^[A-Za-z0-9._:-]{8,128}$")
 _JSON: Final = "application/json"
 NO_ROUTE: Final = "No route matches this path."
 """The message of the 404 for a path no route of the server matches."""
+NUL_MESSAGE: Final = "must not contain the NUL character (\\u0000)"
+"""Why a value holding NUL is refused: PostgreSQL can store it in no text or jsonb column, so it
+is refused where it is parsed (JSON bodies in ``read_json``, query strings in
+``common.schemas.parse_query``)."""
+_NUL_ESCAPE: Final = b"\\u0000"  # the only way JSON text can hold NUL (raw control bytes are malformed)
+_MAX_NUL_FIELDS: Final = 20
+# aiohttp decodes header bytes as UTF-8 with surrogateescape: a byte that is not UTF-8 becomes a
+# lone surrogate, which no encoder (asyncpg's, orjson's) will take.
+_UNDECODED_RE: Final = re.compile("[\udc80-\udcff]")
+NOT_UTF8: Final = "must be UTF-8 text"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -127,29 +140,57 @@ def json_response(
 
 def error_body(err: ServiceError, rid: str) -> bytes:
     """The envelope of ``err`` as JSON bytes."""
-    return orjson.dumps(
-        {"error": {"code": err.code, "message": err.message, "details": err.details},
-         "request_id": rid}
-    )
+    return _written(err, rid)[1]
 
 
 def error_response(err: ServiceError, rid: str) -> web.Response:
     """A complete error response for ``err`` (status, headers, envelope)."""
+    err, body = _written(err, rid)
     headers = {"X-Request-Id": rid, **err.headers}
-    return web.Response(body=error_body(err, rid), status=err.status, content_type=_JSON,
-                        headers=headers)
+    return web.Response(body=body, status=err.status, content_type=_JSON, headers=headers)
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
+def _written(err: ServiceError, rid: str) -> tuple[ServiceError, bytes]:
+    """``err`` and its envelope as JSON; ``internal_error`` and its envelope instead when ``err``
+    cannot be written as JSON (a message or detail holding text that is not Unicode: a bug)."""
+    try:
+        return err, orjson.dumps(
+            {"error": {"code": err.code, "message": err.message, "details": err.details},
+             "request_id": rid})
+    except orjson.JSONEncodeError:
+        log.exception("the %s error could not be written as JSON", err.code,
+                      extra={"request_id": rid})
+        fallback = InternalError()
+        return fallback, orjson.dumps(
+            {"error": {"code": fallback.code, "message": fallback.message, "details": {}},
+             "request_id": rid})
+
+
+def undecodable_header(request: web.Request) -> str | None:
+    """The name of the first header whose value is not UTF-8 text, or None."""
+    for name, value in request.headers.items():
+        if not value.isascii() and _UNDECODED_RE.search(value):
+            return name
+    return None
+
+
+async def read_json(request: web.Request, *, allow_nul: bool = False) -> dict[str, Any]:
     """Decode the body as a JSON object.
 
-    Raises InvalidRequest for an empty, malformed or non-object body; PayloadTooLarge past the
-    server's ``client_max_size``.
+    Raises InvalidRequest for an empty, malformed or non-object body, one whose encoding cannot
+    be decoded (``details.reason`` ``bad_body_encoding``), and for a NUL character in
+    any string or key (naming each by its dotted path: ``metadata.a.b``, ``writes.3.object``;
+    for a key, the object holding it) unless ``allow_nul``; PayloadTooLarge past the server's
+    ``client_max_size``.
     """
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(details={"max_bytes": request.client_max_size}) from None
+    except web_protocol.RequestPayloadError as exc:
+        # aiohttp decodes Content-Encoding and chunking as the body is read: what it cannot
+        # decode surfaces here, in the handler, not in its parser.
+        raise malformed_http(exc.__cause__) from None
     if not raw:
         raise InvalidRequest("The request body must be a JSON object.")
     try:
@@ -158,7 +199,31 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         raise InvalidRequest(f"Malformed JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    if not allow_nul and _NUL_ESCAPE in raw:  # a byte search; the walk only when it may be there
+        fields = _nul_fields(data)
+        if fields:
+            raise InvalidRequest(f"{fields[0]['field']}: {NUL_MESSAGE}", details={"fields": fields})
     return data
+
+
+def _nul_fields(data: dict[str, Any]) -> list[dict[str, str]]:
+    """Where ``data`` holds NUL: a string value by its dotted path, a key by the path of the
+    object holding it (``body`` at the top); depth first in document order, at most
+    ``_MAX_NUL_FIELDS``. Iterative: JSON nests deeper than Python's recursion limit."""
+    fields: list[dict[str, str]] = []
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack and len(fields) < _MAX_NUL_FIELDS:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                fields.append({"field": path, "message": NUL_MESSAGE})
+        elif isinstance(value, dict):
+            if any("\x00" in key for key in value):
+                fields.append({"field": path or "body", "message": f"a key {NUL_MESSAGE}"})
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{path}.{i}", v) for i, v in reversed(list(enumerate(value))))
+    return fields
 
 
 def _from_http_exception(exc: web.HTTPException) -> ServiceError:
@@ -185,6 +250,11 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
     request[REQUEST_ID] = rid
     token = CURRENT_REQUEST_ID.set(rid)  # every log line of this request carries it
     try:
+        # Headers are read by rules, stored (User-Agent in the audit log) and echoed in errors:
+        # one that is not text is refused here, once, rather than failing wherever it lands.
+        bad_header = undecodable_header(request)
+        if bad_header is not None:
+            return error_response(InvalidRequest.field(bad_header, NOT_UTF8), rid)
         response = await handler(request)
     except ServiceError as err:
         return error_response(err, rid)
@@ -204,3 +274,83 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
     if not response.prepared:
         response.headers["X-Request-Id"] = rid
     return response
+
+
+# --- what aiohttp answers before the app runs -----------------------------------------------------
+
+_MALFORMED: Final = (
+    # (parser error, details.reason, message): the most specific first. Never the parser's own
+    # text, which quotes the offending bytes (the request line, the path, a header).
+    (http_exceptions.LineTooLong, "line_too_long",
+     "A request line or header is longer than the server accepts (8190 bytes)."),
+    (http_exceptions.BadHttpMethod, "bad_method", "The request method is not valid."),
+    (http_exceptions.BadStatusLine, "bad_request_line", "The request line is not valid HTTP/1.1."),
+    (http_exceptions.InvalidURLError, "bad_target", "The request target is not a valid URL."),
+    (http_exceptions.InvalidHeader, "bad_header", "A header is not valid HTTP."),
+    (http_exceptions.PayloadEncodingError, "bad_body_encoding",
+     "The body's framing or content encoding is not valid."),
+)
+
+
+def malformed_http(exc: BaseException | None) -> InvalidRequest:
+    """``invalid_request`` for a request aiohttp's parser refused (``exc``), with
+    ``details.reason``; the request's own bytes are never repeated."""
+    for kind, reason, message in _MALFORMED:
+        if isinstance(exc, kind):
+            return InvalidRequest(message, details={"reason": reason})
+    return InvalidRequest("The request is not valid HTTP.", details={"reason": "malformed"})
+
+
+class _EnvelopeRequestHandler(web_protocol.RequestHandler):
+    """aiohttp's connection protocol, answering its own errors in the envelope.
+
+    ``handle_error`` is what aiohttp calls for every error it answers itself, outside any
+    middleware: 400 for a request its parser refused (a request line over 8 KiB, a bare LF, a NUL
+    in a header, ...), 500 (or 504) for an exception that escaped the middleware chain. Its
+    default is a ``text/plain`` page quoting the parser's message, which repeats the offending
+    bytes. The connection is closed after it, as aiohttp does: the parser's state is lost."""
+
+    def handle_error(self, request: web_request.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:  # as aiohttp: the status line is out already
+            raise ConnectionError("Response is sent already, cannot send another response "
+                                  "with the error message")
+        rid = new_id("req")  # the headers were never parsed: no incoming id to reuse
+        err: ServiceError
+        if status == 400:
+            err = malformed_http(exc)
+            log.info("malformed HTTP refused (%s) from %s", err.details["reason"], request.remote,
+                     extra={"request_id": rid})
+        else:
+            err = InternalError()
+            log.error("error outside the middleware (aiohttp status %s)", status,
+                      exc_info=exc, extra={"request_id": rid})
+        response = error_response(err, rid)
+        response.force_close()
+        return response
+
+
+class _EnvelopeServer(web.Server):
+    """``web.Server`` whose connections are :class:`_EnvelopeRequestHandler`."""
+
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
+
+
+class EnvelopeRunner(web.AppRunner):
+    """``web.AppRunner`` serving through :class:`_EnvelopeServer`: what aiohttp refuses before
+    the app runs is answered in the envelope too. Serve both services with it
+    (``common.runtime.run_app``, and the tests' servers).
+
+    aiohttp 3 has no public hook for this: a parser error never reaches the middleware or
+    ``on_response_prepare`` (aiohttp 4 routes it through the middleware chain, aio-libs/aiohttp
+    #3287). Runners exist to be subclassed through ``_make_server`` (``ServerRunner`` and
+    ``AppRunner`` are such subclasses); this one makes the app's server as ``AppRunner`` does
+    and builds the same server with the envelope's protocol."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return _EnvelopeServer(server.request_handler, request_factory=server.request_factory,
+                               handler_cancellation=server.handler_cancellation,
+                               loop=server._loop, **server._kwargs)

@@ -19,6 +19,11 @@ PREFIXES: Final = frozenset(
 )
 _ID_RE: Final = re.compile(r"([a-z]+)_([0-9a-hjkmnp-tv-z]{26})")
 
+PATH_IDS: Final = {"store_id": "store", "key_id": "key", "user_id": "user", "org_id": "org",
+                   "membership_id": "mem", "invitation_id": "inv"}
+"""The path parameters of the API, each naming a resource by its id, and the prefix of that id
+(the routes declare no others; the OpenAPI document gives each the pattern of :func:`id_pattern`)."""
+
 
 _CROCKFORD: Final = "0123456789abcdefghjkmnpqrstvwxyz"
 # Every 10-bit value spelled as two characters: a ULID's 130 bits of text are 13 table lookups
@@ -42,6 +47,11 @@ def new_id(prefix: str) -> str:
     if prefix not in PREFIXES:
         raise ValueError(f"unknown id prefix {prefix!r}")
     return f"{prefix}_{encode_ulid(ULID().bytes)}"
+
+
+def id_pattern(prefix: str) -> str:
+    """The JSON Schema ``pattern`` of an id carrying ``prefix``."""
+    return f"^{prefix}_[0-9a-hjkmnp-tv-z]{{26}}$"
 
 
 def is_id(value: str, prefix: str) -> bool:

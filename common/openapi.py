@@ -44,7 +44,8 @@ from common.errors import (
     ProjectNotFound,
     ServiceError,
 )
-from common.routing import Operation, Reply
+from common.ids import PATH_IDS, id_pattern
+from common.routing import Operation, Reply, RequestHeader
 
 __all__ = ["OPENAPI_VERSION", "build_document", "document_json"]
 
@@ -111,7 +112,26 @@ _ERROR_SCHEMA: Final[dict[str, Any]] = {
     "additionalProperties": False,
 }
 
+NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
+"""The ``pattern`` of every request string that has none of its own: no body, query or path
+text may hold NUL (``common.http.read_json``, ``common.schemas.parse_query``)."""
+JSON_VALUE_REF: Final = SCHEMA_REF.format(model="JsonValue")
+"""A free-form JSON value as requests may carry it (``JsonValue``: no NUL in a string or key)."""
+
+_JSON_VALUE_SCHEMA: Final[dict[str, Any]] = {
+    "title": "JsonValue",
+    "description": "Any JSON value, except that no string or key holds the NUL character.",
+    "anyOf": [
+        {"type": "string", "pattern": NO_NUL_PATTERN},
+        {"type": ["number", "boolean", "null"]},
+        {"type": "array", "items": {"$ref": JSON_VALUE_REF}},
+        {"type": "object", "propertyNames": {"pattern": NO_NUL_PATTERN},
+         "additionalProperties": {"$ref": JSON_VALUE_REF}},
+    ],
+}
+
 _BUILTIN_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
+    "JsonValue": _JSON_VALUE_SCHEMA,
     "RequestId": _REQUEST_ID_SCHEMA,
     "ErrorInfo": _ERROR_INFO_SCHEMA,
     "Error": _ERROR_SCHEMA,
@@ -218,7 +238,14 @@ def document_json(doc: Mapping[str, Any]) -> bytes:
 
 class _Generator(GenerateJsonSchema):
     """pydantic's generator, knowing that a dataclass field marked ``OMIT_IF_NONE`` may be
-    absent from a reply body (``common.http.body_of``)."""
+    absent from a reply body (``common.http.body_of``), and that no request string holds NUL
+    (``NO_NUL_PATTERN`` for those without a pattern of their own)."""
+
+    def str_schema(self, schema: core_schema.StringSchema) -> JsonSchemaValue:
+        json_schema = super().str_schema(schema)
+        if self.mode == "validation":
+            json_schema.setdefault("pattern", NO_NUL_PATTERN)
+        return json_schema
 
     def dataclass_schema(self, schema: core_schema.DataclassSchema) -> JsonSchemaValue:
         json_schema = super().dataclass_schema(schema)
@@ -320,8 +347,9 @@ def _reachable(paths: Mapping[str, Any], components: Mapping[str, Any]) -> set[s
 
 def _path_template(path: str) -> tuple[str, list[dict[str, Any]]]:
     """The OpenAPI path of aiohttp's ``path`` (``{name:regex}`` becomes ``{name}``) and its path
-    parameters: a plain ``{name}`` matches one or more characters other than ``/``, a regex is
-    the parameter's pattern."""
+    parameters: a regex is the parameter's pattern, a name of ``common.ids.PATH_IDS`` has the
+    pattern of its ids, any other plain ``{name}`` matches one or more characters other than
+    ``/``."""
     out: list[str] = []
     params: list[dict[str, Any]] = []
     for part in _PATH_PART.split(path):
@@ -331,10 +359,15 @@ def _path_template(path: str) -> tuple[str, list[dict[str, Any]]]:
             continue
         name, regex = match["name"], match["regex"]
         schema: dict[str, Any] = {"type": "string"}
-        if regex is None:
-            schema["pattern"] = "^[^/{}]+$"
-        else:
+        if regex is not None:
             schema["pattern"] = f"^(?:{regex})$"
+        elif name in PATH_IDS:
+            schema["pattern"] = id_pattern(PATH_IDS[name])
+            schema["description"] = (
+                f"A `{PATH_IDS[name]}_` id. Other text is not found (404), like an id that does "
+                "not exist; text holding a control character is `invalid_request`.")
+        else:
+            schema["pattern"] = "^[^/{}]+$"
         out.append("{" + name + "}")
         params.append({"name": name, "in": "path", "required": True, "schema": schema})
     return "".join(out), params
@@ -353,12 +386,16 @@ def _operation(
             query_names.add(param["name"])
             params.append(param)
     reserved: list[str] = []
-    for name, meaning in op.headers.items():
+    for name, header in op.headers.items():
+        meaning = header.meaning if isinstance(header, RequestHeader) else header
         if name.lower() in _RESERVED_HEADERS:
             reserved.append(f"`{name}`: {meaning}")
         else:
+            schema = {"type": "string"}
+            if isinstance(header, RequestHeader):
+                schema["pattern"] = header.pattern
             params.append({"name": name, "in": "header", "required": False,
-                           "description": meaning, "schema": {"type": "string"}})
+                           "description": meaning, "schema": schema})
     if op.project:
         if "project_id" not in query_names:
             params.append({"name": "project_id", "in": "query", "required": False,
@@ -387,7 +424,7 @@ def _operation(
     if op.body is not None:
         out["requestBody"] = {"required": True, "content": {
             "application/json": {"schema": schemas[op.body, "validation"]}}}
-    out["responses"] = _responses(op, bool(path_params), schemas, components)
+    out["responses"] = _responses(op, schemas, components)
     if op.security:
         out["security"] = _security(op)
     return out
@@ -456,11 +493,11 @@ def _security_text(op: Operation) -> str:
 # --- responses --------------------------------------------------------------------------------
 
 
-def _errors_of(op: Operation, has_path_params: bool) -> list[type[ServiceError]]:
+def _errors_of(op: Operation) -> list[type[ServiceError]]:
     """The error classes ``op`` may answer: its own and those implied by its other fields."""
-    errors: list[type[ServiceError]] = list(op.errors)
-    if op.body is not None or op.query is not None or has_path_params or op.project:
-        errors.append(InvalidRequest)
+    # Any request may be invalid_request: a header that is not UTF-8 text, HTTP that aiohttp's
+    # parser refuses (common.http); and a body, query, path parameter or project named wrongly.
+    errors: list[type[ServiceError]] = [*op.errors, InvalidRequest]
     if op.body is not None:
         errors.append(PayloadTooLarge)
     if "api_key" in op.security:
@@ -489,7 +526,6 @@ def _headers(reply_headers: Mapping[str, str]) -> dict[str, Any]:
 
 def _responses(
     op: Operation,
-    has_path_params: bool,
     schemas: Mapping[_Key, dict[str, Any]],
     components: dict[str, Any],
 ) -> dict[str, Any]:
@@ -509,7 +545,7 @@ def _responses(
         content[reply.content_type] = {"schema": _body_schema(op, reply, schemas, components)}
 
     by_status: dict[int, dict[str, type[ServiceError]]] = {}
-    for err in _errors_of(op, has_path_params):
+    for err in _errors_of(op):
         by_status.setdefault(err.status, {}).setdefault(err.code, err)
     for code_status, codes in sorted(by_status.items()):
         if str(code_status) in responses:

@@ -54,6 +54,15 @@ class Reply:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestHeader:
+    """A documented request header whose value has a form: ``meaning``, and the ``pattern`` (a
+    JSON Schema regular expression, anchored) every accepted value matches."""
+
+    meaning: str
+    pattern: str
+
+
+@dataclass(frozen=True, slots=True)
 class Operation:
     """One route: ``method`` and ``path`` (aiohttp's template, ``{name}`` for path parameters)
     served by ``handler``, and what the document says of it.
@@ -64,7 +73,8 @@ class Operation:
     * ``project``: a public route that names its project (``project_id`` query parameter,
       ``Service-Project`` header, or the host; DESIGN.md "project of public endpoints").
     * ``body``: the JSON request body's model; ``query``: a model whose fields are the query
-      parameters. ``headers``: request headers worth documenting, with their meaning.
+      parameters. ``headers``: request headers worth documenting, with their meaning (or a
+      :class:`RequestHeader` when their form is checked).
     * ``replies``: the success responses; ``errors``: the error classes this route may raise
       beyond those every route shares (the builder adds authentication, validation and outage
       errors from the other fields).
@@ -83,7 +93,7 @@ class Operation:
     project: bool = False
     body: type[Any] | None = None
     query: type[Any] | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str | RequestHeader] = field(default_factory=dict)
     replies: tuple[Reply, ...] = ()
     errors: tuple[type[ServiceError], ...] = ()
     allow_head: bool = True

@@ -3,7 +3,7 @@
 ``base_app`` builds an Application with the tracing (when set up) and envelope middlewares and
 settings; ``install_resources`` opens the PostgreSQL pool, Redis client, API-key authenticator
 with its revocation feed, and the signing-key source in a ``cleanup_ctx`` once, whether one
-service or both live in the app (``authio serve``).
+service or both live in the app (``authio serve``); ``run_app`` serves an app until SIGTERM.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from common.appkeys import (
 from common.auth import ApiKeyAuthenticator, follow_revocations
 from common.db import create_pool, create_redis
 from common.errors import NotReady
-from common.http import envelope_middleware, json_response
+from common.http import EnvelopeRunner, envelope_middleware, json_response
 from common.jwks import PgKeySource
 from common.routing import Reply, RouteTable
 from common.settings import Settings
@@ -78,6 +78,45 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 
 
 POOL_CLOSE_SECONDS: Final = 10.0
+
+
+def run_app(app: web.Application, *, host: str, port: int, loop: asyncio.AbstractEventLoop,
+            shutdown_timeout: float, on_listening: Callable[[], None]) -> None:
+    """Serve ``app`` on ``host:port`` in ``loop`` until SIGTERM or SIGINT: ``web.run_app``'s
+    steps with :class:`common.http.EnvelopeRunner` (``web.run_app`` builds its own runner), so
+    the envelope covers what aiohttp answers itself. On a signal: stop accepting, finish the
+    requests in flight (up to ``shutdown_timeout`` seconds), run every cleanup context."""
+
+    async def serve() -> None:
+        runner = EnvelopeRunner(app, handle_signals=True, access_log=None,
+                                shutdown_timeout=shutdown_timeout, keepalive_timeout=75.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+            on_listening()
+            await asyncio.Future()  # until the signal's GracefulExit cancels this task
+        finally:
+            await runner.cleanup()
+
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(serve())
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        try:
+            if not main.done():
+                main.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    loop.run_until_complete(main)
+        finally:
+            rest = asyncio.all_tasks(loop)
+            for task in rest:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
 
 @contextlib.asynccontextmanager

@@ -28,19 +28,23 @@ from pydantic import (
     GetJsonSchemaHandler,
     StringConstraints,
     ValidationError,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError
 
 from common.errors import InvalidRequest, ServiceError
-from common.http import read_json
+from common.http import NUL_MESSAGE, read_json
 
 M = TypeVar("M", bound=BaseModel)
 _REFUSAL: Final = "refusal"
 
 CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 """C0 and C1 control characters (and DEL): never allowed in a human-readable text field."""
+
+CONTROL_MESSAGE: Final = "must not contain control characters"
+_NOT_IN_AN_ID_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def printable(value: str) -> str:
@@ -51,11 +55,45 @@ def printable(value: str) -> str:
     return value
 
 
+# What pydantic's strip_whitespace trims (Unicode White_Space, as Rust's str::trim: not quite
+# Python's str.isspace, which adds U+001C..U+001F) and what CONTROL_RE refuses, for patterns that
+# say exactly what a name field takes.
+_WS: Final = r"\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_CONTROL: Final = r"\u0000-\u001f\u007f-\u009f"
+
+
+def name_pattern(max_length: int, *, required: bool) -> str:
+    """The JSON Schema ``pattern`` of a name field: after trimming whitespace, 1 (0 unless
+    ``required``) to ``max_length`` characters with no control character."""
+    ends, inner = f"[^{_WS}{_CONTROL}]", f"[^{_CONTROL}]"
+    core = f"{ends}(?:{inner}{{0,{max_length - 2}}}{ends})?"
+    return f"^[{_WS}]*{core}[{_WS}]*$" if required else f"^[{_WS}]*(?:{core}[{_WS}]*)?$"
+
+
 DisplayName = Annotated[
     str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
     AfterValidator(printable),
+    WithJsonSchema({"type": "string", "pattern": name_pattern(200, required=True),
+                    "description": "1 to 200 characters after trimming whitespace, none of them "
+                                   "a control character."}),
 ]
 """A human-readable name field: 1 to 200 characters after trimming, no control characters."""
+
+
+def parse_path_param(name: str, value: str) -> str:
+    """``value`` of the path parameter ``name`` (an id, ``common.ids.PATH_IDS``). Raises
+    InvalidRequest naming it when it holds a control character (NUL among them, which
+    PostgreSQL cannot take) or a lone surrogate: no id ever holds one. Other text that is not an
+    id of the kind passes, for the domain to answer not found, like an id that does not exist."""
+    if _NOT_IN_AN_ID_RE.search(value):
+        raise InvalidRequest.field(name, CONTROL_MESSAGE)
+    return value
+
+
+def refuse_nul(name: str, value: str) -> None:
+    """Raises InvalidRequest naming ``name`` when ``value`` holds NUL (``NUL_MESSAGE``)."""
+    if "\x00" in value:
+        raise InvalidRequest.field(name, NUL_MESSAGE)
 
 
 class RequestModel(BaseModel):
@@ -166,7 +204,10 @@ Q = TypeVar("Q", bound=QueryModel)
 
 def parse_query(query: MultiMapping[str], model: type[Q]) -> Q:
     """``query`` (a request's query string) validated into ``model``. Raises InvalidRequest
-    naming each bad parameter."""
+    naming each bad parameter; first, whatever the model, a name or value holding NUL."""
+    for name, value in query.items():
+        refuse_nul(name, name)
+        refuse_nul(name, value)
     if model.strict_names:
         allowed = [f.alias or name for name, f in model.model_fields.items()]
         unknown = sorted(set(query) - set(allowed))

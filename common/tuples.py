@@ -245,13 +245,18 @@ def _diagnose_user(value: object) -> str:
 
 # --- as request-model types (control plane writes, engine checks) -----------------------------
 
-ObjectName = Annotated[str, AfterValidator(validate_object), WithJsonSchema(
-    {"type": "string", "description": "type:id", "maxLength": MAX_OBJECT_LENGTH})]
-RelationName = Annotated[str, AfterValidator(validate_relation), WithJsonSchema(
-    {"type": "string", "description": "a relation name", "maxLength": MAX_NAME_LENGTH})]
-UserName = Annotated[str, AfterValidator(validate_user), WithJsonSchema(
-    {"type": "string", "description": "type:id, or type:id#relation (a userset)",
-     "maxLength": MAX_USER_LENGTH})]
+OBJECT_SCHEMA: Final = {"type": "string", "description": "type:id",
+                        "pattern": f"^{_TYPE}:{_ID}$", "maxLength": MAX_OBJECT_LENGTH}
+RELATION_SCHEMA: Final = {"type": "string", "description": "a relation name",
+                          "pattern": f"^{_RELATION}$"}
+USER_SCHEMA: Final = {"type": "string", "description": "type:id, or type:id#relation (a userset)",
+                      "pattern": f"^{_TYPE}:{_ID}(?:#{_RELATION})?$", "maxLength": MAX_USER_LENGTH}
+"""The JSON Schemas of the three parts: the validators' own patterns (``\\w`` is Unicode, as in
+Python) and lengths."""
+
+ObjectName = Annotated[str, AfterValidator(validate_object), WithJsonSchema(OBJECT_SCHEMA)]
+RelationName = Annotated[str, AfterValidator(validate_relation), WithJsonSchema(RELATION_SCHEMA)]
+UserName = Annotated[str, AfterValidator(validate_user), WithJsonSchema(USER_SCHEMA)]
 
 
 class TupleKey(RequestModel):

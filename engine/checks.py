@@ -54,6 +54,7 @@ from common.errors import (
 from common.http import REQUEST_ID, read_json
 from common.ids import is_id
 from common.routing import Reply, RouteTable
+from common.schemas import parse_path_param
 from common.tuples import (
     TupleFormatError,
     is_valid_tuple,
@@ -200,13 +201,15 @@ async def _store(request: web.Request, principal: Principal) -> LoadedStore:
     """The caller's store from memory (loaded on demand); StoreNotFound for a missing store and
     for another project's store alike, NotReady while the snapshot is still loading.
 
-    An id that is not a well-formed store id is not found at once: only a miss on a plausible
-    id costs a load task and a query."""
+    An id that is not a well-formed store id is not found at once (one holding a control
+    character is ``invalid_request``, as on the control plane): only a miss on a plausible id
+    costs a load task and a query."""
     registry = request.app[STORES]
     store_id = request.match_info["store_id"]
     store = registry.peek(store_id)
     if store is None:
         if not is_id(store_id, "store"):
+            parse_path_param("store_id", store_id)
             raise StoreNotFound()
         if not registry.ready and not await registry.wait_ready(_timeout_s(request)):
             raise NotReady()
@@ -274,7 +277,9 @@ async def check(request: web.Request) -> web.Response:
     ``revision_not_reached``."""
     principal = await _principal(request)
     fields: Fields = []
-    parsed = _parse_check(await read_json(request), fields)
+    # allow_nul: the tuple rules refuse NUL field by field, so a batch item holding one fails
+    # alone, and no text of a check reaches PostgreSQL.
+    parsed = _parse_check(await read_json(request, allow_nul=True), fields)
     if parsed is None:
         raise _invalid(fields)
     store = await _store(request, principal)
@@ -300,7 +305,7 @@ async def batch_check(request: web.Request) -> web.Response:
     All items are answered at one revision.
     """
     principal = await _principal(request)
-    items, at_least = _parse_batch(await read_json(request))
+    items, at_least = _parse_batch(await read_json(request, allow_nul=True))
     store = await _store(request, principal)
     parsed: list[Parsed | InvalidRequest] = []
     wanted = -1 if at_least is None else at_least

@@ -8,11 +8,12 @@ from typing import Final
 from aiohttp import web
 
 from common.errors import IdempotencyKeyReused, StoreNotFound
-from common.routing import Reply, RouteTable
+from common.routing import Reply, RequestHeader, RouteTable
 from control_plane.appkeys import CURSOR_SECRET
 from control_plane.authz import repository, service
 from control_plane.authz.schemas import (
     IDEMPOTENCY_KEY,
+    IDEMPOTENCY_KEY_PATTERN,
     CreateStore,
     Store,
     StoredTuple,
@@ -59,11 +60,11 @@ async def get_store(call: Call) -> web.Response:
 
 @endpoint(routes, "POST", "/v1/stores/{store_id}/write", auth=WRITE,
           errors=[StoreNotFound, IdempotencyKeyReused],
-          headers={IDEMPOTENCY_KEY: (
+          headers={IDEMPOTENCY_KEY: RequestHeader(
               "Optional, 1 to 255 printable ASCII characters (a UUID will do), remembered per "
               "store for 24 hours: a write sent again with the same key is not applied again "
               "but answered with the first outcome (and `Idempotent-Replayed: true`); the same "
-              "key with other tuples is `idempotency_key_reused`.")},
+              "key with other tuples is `idempotency_key_reused`.", IDEMPOTENCY_KEY_PATTERN)},
           replies=[Reply(200, "What changed, and the revision to check at.", Written,
                          headers={"Idempotent-Replayed": (
                              "`true` when this is the recorded answer of an earlier request "

@@ -8,16 +8,27 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, WithJsonSchema, model_validator
 
 from common.errors import InvalidRequest
 from common.schemas import DisplayName, RequestModel
-from common.tuples import TupleFormatError, TupleKey, validate_object, validate_relation, validate_user
+from common.tuples import (
+    OBJECT_SCHEMA,
+    RELATION_SCHEMA,
+    USER_SCHEMA,
+    TupleFormatError,
+    TupleKey,
+    validate_object,
+    validate_relation,
+    validate_user,
+)
 from control_plane.web.pagination import PageQuery
 
 MAX_TUPLES_PER_WRITE: Final = 1000
 IDEMPOTENCY_KEY: Final = "Idempotency-Key"
-_KEY_RE: Final = re.compile(r"[\x21-\x7e]{1,255}")
+IDEMPOTENCY_KEY_PATTERN: Final = "^[!-~]{1,255}$"
+"""1 to 255 printable ASCII characters without spaces (a UUID will do)."""
+_KEY_RE: Final = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 
 def idempotency_key(value: str | None) -> str | None:
@@ -46,11 +57,24 @@ class CreateStore(RequestModel):
     name: DisplayName
 
 
-class WriteBody(RequestModel):
-    """Tuples to write and to delete, 1 to 1,000 in all, applied atomically."""
+def _at_least_one_tuple(schema: dict[str, Any]) -> None:
+    """What the document can say of "1 to 1,000 tuples in all": at least one tuple in one of the
+    lists, at most 1,000 in each, none twice in one list (the sum and a tuple in both lists are
+    left to the description)."""
+    schema["anyOf"] = [{"required": [name], "properties": {name: {"minItems": 1}}}
+                       for name in ("writes", "deletes")]
 
-    writes: list[TupleKey] = Field(default_factory=list)
-    deletes: list[TupleKey] = Field(default_factory=list)
+
+class WriteBody(RequestModel):
+    """Tuples to write and to delete, 1 to 1,000 in all, applied atomically; no tuple twice
+    (neither in one list nor in both)."""
+
+    model_config = ConfigDict(json_schema_extra=_at_least_one_tuple)
+
+    writes: list[TupleKey] = Field(default_factory=list, json_schema_extra={
+        "maxItems": MAX_TUPLES_PER_WRITE, "uniqueItems": True})
+    deletes: list[TupleKey] = Field(default_factory=list, json_schema_extra={
+        "maxItems": MAX_TUPLES_PER_WRITE, "uniqueItems": True})
 
     @model_validator(mode="after")
     def _bounds(self) -> WriteBody:
@@ -118,6 +142,7 @@ class TuplesQuery(PageQuery):
     """A page of the store's tuples ordered by (object, relation, user), filtered by exact
     ``object``, ``relation`` and ``user`` when given."""
 
-    object: Annotated[str | None, _filter(validate_object)] = None
-    relation: Annotated[str | None, _filter(validate_relation)] = None
-    user: Annotated[str | None, _filter(validate_user)] = None
+    object: Annotated[str | None, _filter(validate_object), WithJsonSchema(OBJECT_SCHEMA)] = None
+    relation: Annotated[str | None, _filter(validate_relation),
+                        WithJsonSchema(RELATION_SCHEMA)] = None
+    user: Annotated[str | None, _filter(validate_user), WithJsonSchema(USER_SCHEMA)] = None

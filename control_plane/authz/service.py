@@ -39,6 +39,7 @@ import asyncpg
 
 from common.db import CommitInDoubt, delete_in_batches, is_connection_error, transaction
 from common.errors import DbUnavailable, IdempotencyKeyReused, StoreNotFound
+from common.ids import is_id
 from control_plane.audit import service as audit
 from control_plane.authz import repository
 from control_plane.authz.schemas import Store, StoredTuple, TuplesQuery, WriteBody, Written
@@ -69,8 +70,10 @@ async def create_store(conn: asyncpg.Connection, actor: Actor, *, name: str) -> 
 
 async def find_store(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
                      store_id: str) -> Store:
-    """The store. Raises StoreNotFound when it is absent or another project's."""
-    store = await repository.find_store(conn, project_id, store_id)
+    """The store. Raises StoreNotFound when it is absent or another project's (or ``store_id``
+    is no store id: then without a query)."""
+    store = await repository.find_store(conn, project_id, store_id) if is_id(
+        store_id, "store") else None
     if store is None:
         raise StoreNotFound()
     return store
@@ -86,6 +89,8 @@ async def write_tuples(pool: asyncpg.Pool, actor: Actor, *, store_id: str, body:
     within ``SETTLE_SECONDS`` of a lost commit), or connection errors (nothing was written)."""
     body.check_unique()
     assert actor.project_id is not None
+    if not is_id(store_id, "store"):
+        raise StoreNotFound()
     write = _Write(actor, store_id, body, idempotency_key)
     try:
         async with pool.acquire() as conn:

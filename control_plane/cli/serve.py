@@ -6,7 +6,7 @@ from typing import Final
 
 from aiohttp import web
 
-from common.runtime import base_app
+from common.runtime import base_app, run_app
 from common.settings import Settings
 from control_plane.app import create_control_plane_app, setup_control_plane
 from engine.app import create_engine_app, setup_engine
@@ -40,11 +40,11 @@ def serve(settings: Settings, target: str) -> None:
     provider = setup_tracing(settings, service_name_default=SERVICE_NAMES[target])
     try:
         app, port = build_app(settings, target)
-        web.run_app(
-            app, host=settings.host, port=port, loop=uvloop.new_event_loop(), access_log=None,
+        run_app(
+            app, host=settings.host, port=port, loop=uvloop.new_event_loop(),
             shutdown_timeout=15.0,
-            print=lambda _: print(f"authio {target} listening on http://{settings.host}:{port}",
-                                  flush=True),
+            on_listening=lambda: print(f"authio {target} listening on http://{settings.host}:{port}",
+                                       flush=True),
         )
     finally:
         if provider is not None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, WithJsonSchema, field_validator
 
 from common.access_tokens import Alg
 from common.auth import SCOPES
@@ -19,6 +19,8 @@ ONE_TIME_WARNING: Final = (
     "Store this secret now: it is shown only once and cannot be retrieved again."
 )
 KeyPrefix = Literal["sk_live_", "sk_test_"]
+Scope = Annotated[str, WithJsonSchema({"type": "string", "enum": sorted(SCOPES)})]
+"""A scope name (``common.auth.SCOPES``); another is refused by the key's validator."""
 
 
 # --- API keys ----------------------------------------------------------------------------------
@@ -37,7 +39,7 @@ class CreateApiKey(RequestModel):
 
     prefix: KeyPrefix
     name: DisplayName
-    scopes: Annotated[list[str], AfterValidator(_known_scopes), Field(
+    scopes: Annotated[list[Scope], AfterValidator(_known_scopes), Field(
         description="Scopes of DESIGN.md's list; an empty list means full access.")]
 
 
@@ -100,12 +102,30 @@ def normalize_domain(value: str) -> str:
     return text
 
 
+_SPACE: Final = (r"\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029"
+                 r"\u202f\u205f\u3000")  # what str.strip() trims
+_LABEL: Final = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+Domain = Annotated[str, WithJsonSchema({
+    "anyOf": [
+        # ASCII: exactly what normalize_domain takes, but for a last label starting with a digit
+        # (the pattern holds no lookahead to refuse an all-digit one instead).
+        {"type": "string", "maxLength": 253,
+         "pattern": f"^[{_SPACE}]*(?:{_LABEL}\\.)*[A-Za-z](?:[A-Za-z0-9-]{{0,61}}[A-Za-z0-9])?"
+                    f"\\.?[{_SPACE}]*$"},
+        {"type": "string", "pattern": "^[^\\u0000]*[^\\u0000-\\u007f][^\\u0000]*$",
+         "description": "An internationalized name, stored in its ASCII (IDNA) form; refused "
+                        "when it has none."},
+    ],
+    "description": "A host name such as auth.example.com: no scheme, port, path or IP address; "
+                   "case and a trailing dot do not matter."})]
+
+
 class PatchProject(RequestModel):
     """``signing_alg`` (a change rotates to a key of that algorithm at once) and ``domains``
     (host names; replaces the set; a domain belongs to one project only)."""
 
     signing_alg: Alg | None = None
-    domains: list[str] | None = None
+    domains: Annotated[list[Domain], Field(max_length=MAX_DOMAINS)] | None = None
 
     @field_validator("domains")
     @classmethod

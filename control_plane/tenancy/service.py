@@ -15,7 +15,7 @@ import asyncpg
 
 from common.auth import ApiKeyAuthenticator, Principal, generate_secret, hash_secret
 from common.errors import DomainInUse, InsufficientScope, NotFound
-from common.ids import new_id
+from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
@@ -119,6 +119,8 @@ async def revoke_api_key(
     """
     revoker = actor.api_key
     assert revoker is not None
+    if not is_id(key_id, "key"):
+        raise NotFound("No API key with that id in this project.")
     async with conn.transaction():
         found = await repository.lock_key(conn, revoker.project_id, key_id)
         if found is None:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
 
-from common.schemas import PatchModel, RequestModel, printable
+from common.schemas import PatchModel, RequestModel, name_pattern, printable
 from control_plane.web.pagination import PageQuery
 from control_plane.web.schemas import Email, Metadata, PhoneNumber
 
@@ -37,7 +37,10 @@ USER_FIELDS: Final = tuple(f.name for f in dataclasses.fields(User))
 """The user's fields, which are also its columns in ``users``."""
 
 UserName = Annotated[
-    str, StringConstraints(strip_whitespace=True, max_length=200), AfterValidator(printable)
+    str, StringConstraints(strip_whitespace=True, max_length=200), AfterValidator(printable),
+    WithJsonSchema({"type": "string", "pattern": name_pattern(200, required=False),
+                    "description": "0 to 200 characters after trimming whitespace, none of them "
+                                   "a control character."}),
 ]
 """A user's display name: 0 to 200 characters after trimming, no control characters."""
 

@@ -14,10 +14,12 @@ A domain's ``endpoints.py`` declares each route with :func:`endpoint`::
 
 The decorator reads the handler's annotations: a ``body`` parameter is the JSON body parsed into
 its model (``common.schemas.RequestModel``), a ``query`` parameter the query string parsed into
-its model (``common.schemas.QueryModel``). The aiohttp handler it registers runs, in order: the
-route's authentication (``control_plane.web.auth``: 401/403 before anything is read), the query,
-the content type when ``json_only``, then the body; so every refusal is the envelope's, and the
-same table gives the OpenAPI document (``common.routing``).
+its model (``common.schemas.QueryModel``). Path parameters are ids (``common.ids.PATH_IDS``: a
+route with another is refused when declared). The aiohttp handler it registers runs, in order:
+the route's authentication (``control_plane.web.auth``: 401/403 before anything is read), the
+path parameters (``common.schemas.parse_path_param``), the query, the content type when
+``json_only``, then the body; so every refusal is the envelope's, and the same table gives the
+OpenAPI document (``common.routing``).
 
 Naming: handlers are named for their method and resource (``get_users``, ``post_users``,
 ``delete_user``); rules in ``service.py`` never begin with an HTTP method's name.
@@ -25,6 +27,7 @@ Naming: handlers are named for their method and resource (``get_users``, ``post_
 
 from __future__ import annotations
 
+import re
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Final
@@ -32,14 +35,16 @@ from typing import Any, Final
 from aiohttp import web
 
 from common.errors import InvalidRequest, ServiceError
-from common.routing import Operation, Reply, RouteTable, summary_of
-from common.schemas import parse_body, parse_query
+from common.ids import PATH_IDS
+from common.routing import Operation, Reply, RequestHeader, RouteTable, summary_of
+from common.schemas import parse_body, parse_path_param, parse_query
 from control_plane.web.auth import Auth
 
 __all__ = ["TypedHandler", "endpoint", "require_json"]
 
 TypedHandler = Callable[..., Awaitable[web.StreamResponse]]
 _JSON: Final = "application/json"
+_PATH_PARAM_RE: Final = re.compile(r"\{([^}:]+)")
 
 
 def require_json(request: web.Request) -> None:
@@ -58,7 +63,7 @@ def require_json(request: web.Request) -> None:
 def endpoint(
     routes: RouteTable, method: str, path: str, *, auth: Auth, replies: Iterable[Reply],
     errors: Iterable[type[ServiceError]] = (), json_only: bool = False,
-    headers: Mapping[str, str] | None = None, allow_head: bool = True,
+    headers: Mapping[str, str | RequestHeader] | None = None, allow_head: bool = True,
     body: type[Any] | None = None,
 ) -> Callable[[TypedHandler], TypedHandler]:
     """Register a typed handler ``(call, [query], [body])`` as ``method path`` in ``routes``.
@@ -68,6 +73,11 @@ def endpoint(
     it. ``headers`` documents request headers the handler reads. Returns the handler unchanged.
     """
     replies = tuple(replies)
+    path_params = _PATH_PARAM_RE.findall(path)
+    unknown = [name for name in path_params if name not in PATH_IDS]
+    if unknown:
+        raise ValueError(f"{method} {path}: path parameters {unknown} are not ids of "
+                         "common.ids.PATH_IDS")
 
     def register(handler: TypedHandler) -> TypedHandler:
         hints = typing.get_type_hints(handler)
@@ -76,6 +86,8 @@ def endpoint(
 
         async def handle(request: web.Request) -> web.StreamResponse:
             call = await auth(request)
+            for name in path_params:
+                parse_path_param(name, request.match_info[name])
             kwargs: dict[str, Any] = {}
             if query_model is not None:
                 kwargs["query"] = parse_query(request.query, query_model)

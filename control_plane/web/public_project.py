@@ -14,6 +14,7 @@ from aiohttp import web
 from common.appkeys import PG_POOL
 from common.errors import InvalidRequest, ProjectNotFound
 from common.ids import is_id
+from common.schemas import refuse_nul
 
 HEADER: Final = "Service-Project"
 
@@ -21,12 +22,14 @@ HEADER: Final = "Service-Project"
 async def resolve_project(request: web.Request) -> str:
     """The id of the project ``request`` addresses.
 
-    Raises InvalidRequest naming ``project_id`` when nothing names a project, ProjectNotFound
-    when what names one matches no project.
+    Raises InvalidRequest naming ``project_id`` when nothing names a project or the name holds
+    NUL, ProjectNotFound when what names one matches no project.
     """
-    named = request.query.get("project_id") or request.headers.get(HEADER)
+    by_query = request.query.get("project_id")
+    named = by_query or request.headers.get(HEADER)
     pool: asyncpg.Pool = request.app[PG_POOL]
     if named:
+        refuse_nul("project_id" if by_query else HEADER, named)
         if not is_id(named, "proj") or await pool.fetchval(
             "SELECT 1 FROM projects WHERE id = $1", named
         ) is None:

@@ -15,12 +15,16 @@ from typing import Annotated, Any, Final, Literal
 
 import orjson
 from email_validator import EmailNotValidError, validate_email
-from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, WithJsonSchema
 
 from common.errors import InvalidDestination, InvalidEmail
+from common.openapi import JSON_VALUE_REF, NO_NUL_PATTERN
 from common.schemas import refusal
 
 MAX_METADATA_BYTES: Final = 16 * 1024
+MAX_METADATA_DEPTH: Final = 32
+"""Deepest nesting of a metadata object (itself level 1). Far below what it could be written
+back at: orjson stops serializing past 254 levels, and a user or organization nests it further."""
 MAX_EMAIL_LENGTH: Final = 320
 E164_RE: Final = re.compile(r"\+[1-9][0-9]{1,14}")
 
@@ -28,15 +32,34 @@ Channel = Literal["email", "sms"]
 """Where a message goes: an email address or a phone number."""
 
 
+def _depth(value: object) -> int:
+    """How deep ``value`` nests objects and arrays (a scalar: 0). Iterative: JSON from a body
+    nests up to 1024 levels, beyond Python's recursion limit."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is not None:
+            deepest = max(deepest, level)
+            stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
 def _metadata_size(value: dict[str, Any]) -> dict[str, Any]:
+    if _depth(value) > MAX_METADATA_DEPTH:
+        raise ValueError(f"must nest at most {MAX_METADATA_DEPTH} levels")
     size = len(orjson.dumps(value))
     if size > MAX_METADATA_BYTES:
         raise ValueError(f"must be at most {MAX_METADATA_BYTES} bytes as JSON, got {size}")
     return value
 
 
-Metadata = Annotated[dict[str, Any], AfterValidator(_metadata_size), Field(
-    description="A free-form JSON object of at most 16 KiB serialized.")]
+Metadata = Annotated[dict[str, Any], AfterValidator(_metadata_size), WithJsonSchema({
+    "type": "object", "propertyNames": {"pattern": NO_NUL_PATTERN},
+    "additionalProperties": {"$ref": JSON_VALUE_REF},
+    "description": "A free-form JSON object of at most 16 KiB serialized, nesting at most 32 "
+                   "levels (the object itself is the first); no string or key holds NUL."})]
 
 
 def normalize_email(value: str) -> str:
@@ -105,7 +128,8 @@ def _destination(value: object) -> tuple[Channel, str]:
 
 
 Destination = Annotated[tuple[Channel, str], BeforeValidator(_destination), WithJsonSchema({
-    "type": "string", "maxLength": MAX_EMAIL_LENGTH,
+    "anyOf": [{"type": "string", "format": "email", "maxLength": MAX_EMAIL_LENGTH},
+              {"type": "string", "pattern": r"^\s*\+[1-9][0-9]{1,14}\s*$"}],
     "description": "An email address or an E.164 phone number such as +14155550100."})]
 """A message destination: (``email`` or ``sms``, the normalized address)."""
 

@@ -16,7 +16,7 @@ import asyncpg
 import orjson
 import pytest
 
-from tests.fixtures.service import Project, Response, assert_error
+from tests.fixtures.service import Project, Response, assert_error, assert_invalid_field
 
 ULID = r"[0-9a-hjkmnp-tv-z]{26}"
 
@@ -144,6 +144,27 @@ async def test_unknown_store_is_store_not_found(project: Project) -> None:
     assert_error(await write(project, missing, [t("document:1", "viewer", "user:a")]), 404,
                  "store_not_found")
     assert_error(await project.api.get(f"/v1/stores/{missing}/tuples"), 404, "store_not_found")
+
+
+@pytest.mark.parametrize("store_id", ["%00", "store_%00abc", "store_01hzzzzzzzzzzzzzzzzzzzzz%00",
+                                      "store_%01", "%7F", "%C2%85"])
+async def test_a_control_character_in_a_store_id_is_invalid_request_naming_it(
+    project: Project, store_id: str
+) -> None:
+    """NUL went to PostgreSQL, which cannot take it (a 500); no id holds a control character."""
+    for r in (await project.api.get(f"/v1/stores/{store_id}"),
+              await project.api.get(f"/v1/stores/{store_id}/tuples"),
+              await write(project, store_id, [t("document:1", "viewer", "user:a")])):
+        assert_invalid_field(r, "store_id", "must not contain control characters")
+
+
+async def test_a_malformed_or_over_long_store_id_is_not_found(project: Project) -> None:
+    for store_id in ("nope", "store_" + "0" * 27, "x" * 5000):
+        assert_error(await project.api.get(f"/v1/stores/{store_id}"), 404, "store_not_found")
+        assert_error(await project.api.get(f"/v1/stores/{store_id}/tuples"), 404,
+                     "store_not_found")
+        assert_error(await write(project, store_id, [t("document:1", "viewer", "user:a")]), 404,
+                     "store_not_found")
 
 
 async def test_another_projects_store_is_invisible(

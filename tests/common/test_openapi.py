@@ -355,8 +355,11 @@ def test_query_parameters_from_the_model(doc: dict[str, Any]) -> None:
     assert list(params) == ["from", "limit", "cursor"]  # the alias, not from_
     assert params["from"]["in"] == "query" and params["from"]["required"] is False
     assert params["from"]["description"] == "Only users created at or after this id."
-    assert params["from"]["schema"] == {"type": "string", "title": "From"}  # absent, never null
-    assert params["cursor"]["schema"] == {"type": "string", "title": "Cursor"}
+    # absent, never null; and, as every request string without a pattern of its own, no NUL
+    assert params["from"]["schema"] == {"type": "string", "title": "From",
+                                        "pattern": "^[^\\u0000]*$"}
+    assert params["cursor"]["schema"] == {"type": "string", "title": "Cursor",
+                                          "pattern": "^[^\\u0000]*$"}
     limit = params["limit"]
     assert limit["required"] is False
     assert limit["description"] == "At most this many users."
@@ -407,8 +410,10 @@ def test_error_enums(doc: dict[str, Any]) -> None:
     assert error_codes(doc, "/v1/widgets", "post") == {
         400: ["invalid_request"], 401: ["invalid_api_key", "missing_api_key"], 403: ["insufficient_scope"],
         413: ["payload_too_large"], 429: ["rate_limited"], 500: ["internal_error"], 503: ["db_unavailable"]}
+    # Every operation may be invalid_request (a header that is not UTF-8, malformed HTTP).
     assert error_codes(doc, "/v1/organizations", "get") == {
-        401: ["invalid_api_key", "missing_api_key"], 500: ["internal_error"], 503: ["db_unavailable"]}
+        400: ["invalid_request"], 401: ["invalid_api_key", "missing_api_key"],
+        500: ["internal_error"], 503: ["db_unavailable"]}
     assert error_codes(doc, "/v1/users/{user_id}", "get") == {
         400: ["invalid_request"], 401: ["invalid_api_key", "missing_api_key", "no_session"],
         404: ["user_not_found"], 500: ["internal_error"], 503: ["db_unavailable"]}
@@ -416,11 +421,13 @@ def test_error_enums(doc: dict[str, Any]) -> None:
         400: ["invalid_request"], 404: ["project_not_found"], 413: ["payload_too_large"],
         500: ["internal_error"], 503: ["db_unavailable"]}
     assert error_codes(doc, "/v1/sessions/me", "get") == {
-        401: ["no_session"], 500: ["internal_error"], 503: ["db_unavailable"]}
+        400: ["invalid_request"], 401: ["no_session"], 500: ["internal_error"],
+        503: ["db_unavailable"]}
     assert error_codes(doc, "/v1/events/{tail}", "get") == {
         400: ["invalid_request"], 401: ["missing_bootstrap_token"], 500: ["internal_error"],
         503: ["bootstrap_disabled", "db_unavailable"]}
-    assert error_codes(doc, "/v1/pages", "get") == {500: ["internal_error"], 503: ["db_unavailable"]}
+    assert error_codes(doc, "/v1/pages", "get") == {
+        400: ["invalid_request"], 500: ["internal_error"], 503: ["db_unavailable"]}
     response = op_of(doc, "/v1/widgets", "post")["responses"]["401"]
     assert "`missing_api_key`" in response["description"] and "`invalid_api_key`" in response["description"]
     assert response["content"]["application/json"]["schema"]["allOf"][0] == {"$ref": "#/components/schemas/Error"}
@@ -433,7 +440,7 @@ def test_error_codes_and_statuses_come_from_the_error_classes() -> None:
     op = Operation(method="GET", path="/v1/t", handler=landing, operation_id="t", tag="t", summary="t",
                    errors=(Teapot, errors.NotFound), replies=(Reply(200, "ok"),))
     responses = op_of(build([op]), "/v1/t", "get")["responses"]
-    assert set(responses) == {"200", "404", "418", "500", "503"}
+    assert set(responses) == {"200", "400", "404", "418", "500", "503"}
     assert "I am a teapot." in responses["418"]["description"]
 
 

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.fixtures.service import Api, Project, Response, assert_error, serving
+from tests.fixtures.service import Api, Project, Response, assert_error, assert_invalid_field, serving
 
 VISIBLE_WITHIN_S = 1.0
 POLL_INTERVAL_S = 0.005
@@ -640,6 +640,26 @@ async def test_unknown_store_is_store_not_found(project: Project, store_id: str)
     assert_error(r, 404, "store_not_found")
     r = await batch(project.api, store_id, [{"tuple_key": tk("doc:1#viewer@user:a")}])
     assert_error(r, 404, "store_not_found")
+
+
+@pytest.mark.parametrize("store_id", ["%00", "store_%00", "store_%1B"])
+async def test_a_control_character_in_a_store_id_is_invalid_request_naming_it(
+    project: Project, store_id: str
+) -> None:
+    """The same answer as the control plane's routes of the store (no id holds one)."""
+    r = await check(project.api, store_id, "doc:1#viewer@user:a")
+    assert_invalid_field(r, "store_id", "must not contain control characters")
+    r = await batch(project.api, store_id, [{"tuple_key": tk("doc:1#viewer@user:a")}])
+    assert_invalid_field(r, "store_id", "must not contain control characters")
+
+
+async def test_a_nul_in_one_batch_item_fails_that_item_alone(project: Project) -> None:
+    store = (await project.api.post("/v1/stores", {"name": "nul"})).body["id"]
+    r = await batch(project.api, store, [{"tuple_key": tk("doc:1#viewer@user:a")},
+                                         {"tuple_key": tk("doc:\u0000#viewer@user:a")}])
+    assert r.status == 200, r.body
+    assert r.body["results"][0]["allowed"] is False
+    assert r.body["results"][1]["error"]["code"] == "invalid_request"
 
 
 async def test_other_projects_store_is_store_not_found(project: Project, new_project: Any) -> None:

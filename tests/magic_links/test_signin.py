@@ -31,7 +31,7 @@ from tests.fixtures.identity import (
     verify,
 )
 from tests.fixtures.peers import mailbox_messages
-from tests.fixtures.service import Api, Project, assert_error, combined_app, serving
+from tests.fixtures.service import Api, Project, assert_error, assert_invalid_field, combined_app, serving
 
 
 def phone() -> str:
@@ -85,6 +85,17 @@ async def test_send_answers_the_same_for_unknown_and_known_users(service: Api, p
 async def test_send_rejects_bad_destinations(service: Api, project: Project, destination: str,
                                              status: int, code: str) -> None:
     assert_error(await send_link(service, project, destination), status, code)
+
+
+@pytest.mark.parametrize("path", ["/v1/auth/magic-link/verify", "/v1/auth/magic-link/send",
+                                  "/v1/auth/.well-known/jwks.json"])
+async def test_a_nul_in_project_id_is_invalid_request_naming_it(service: Api, path: str) -> None:
+    """The verify route passed it on to PostgreSQL, which cannot take NUL (a 500)."""
+    body = {"token": "x" * 43} if path.endswith("verify") else {"destination": email()}
+    r = await service.request("GET" if path.endswith(".json") else "POST",
+                              f"{path}?project_id=proj_%00", key=None,
+                              json=None if path.endswith(".json") else body)
+    assert_invalid_field(r, "project_id", "must not contain the NUL character (\\u0000)")
 
 
 async def test_send_needs_a_project(service: Api, project: Project) -> None:

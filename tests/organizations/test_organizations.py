@@ -14,7 +14,7 @@ import pytest
 
 from tests.fixtures.database import events
 from tests.fixtures.identity import create_user
-from tests.fixtures.service import ULID, Api, Project, Response, assert_error, scoped
+from tests.fixtures.service import ULID, Api, Project, Response, assert_error, assert_invalid_field, scoped
 from tests.organizations.helpers import create_org, slug
 
 ORG_FIELDS = {"id", "name", "slug", "metadata", "created_at", "updated_at"}
@@ -158,6 +158,49 @@ async def test_show_and_not_found(project: Project, new_project: Callable[..., A
         assert_error(await project.api.delete(f"/v1/organizations/{org_id}"), 404,
                      "organization_not_found")
     assert (await other.api.get(f"/v1/organizations/{theirs['id']}")).body["name"] == "Acme"
+
+
+@pytest.mark.parametrize(("metadata", "field"), [
+    ({"a": {"b": "\u0000"}}, "metadata.a.b"),
+    ({"k\u0000": True}, "metadata"),
+])
+async def test_a_nul_in_metadata_is_invalid_request_naming_it(
+    project: Project, db: asyncpg.Pool, metadata: dict[str, Any], field: str
+) -> None:
+    """PostgreSQL's jsonb cannot hold NUL: it reached the insert and answered 500."""
+    r = await project.api.post("/v1/organizations", {"name": "Acme", "slug": slug(),
+                                                     "metadata": metadata})
+    assert_invalid_field(r, field)
+    assert await org_count(db, project.id) == 0
+    org = await create_org(project.api)
+    assert_invalid_field(await patch(project.api, org["id"], {"metadata": metadata}), field)
+    assert (await project.api.get(f"/v1/organizations/{org['id']}")).body["metadata"] == {}
+
+
+async def test_metadata_nested_too_deep_is_invalid_request(project: Project) -> None:
+    """Past 254 levels the size check could not serialize it (orjson's limit): a 500."""
+    deep = b"[" * 299 + b"]" * 299
+    r = await project.api.post("/v1/organizations", data=b'{"name": "Acme", "slug": "%s", '
+                               b'"metadata": {"a": %s}}' % (slug().encode(), deep))
+    assert_invalid_field(r, "metadata", "must nest at most 32 levels")
+
+
+async def test_a_control_character_in_a_path_id_is_invalid_request_naming_it(
+    project: Project
+) -> None:
+    org = await create_org(project.api)
+    base = f"/v1/organizations/{org['id']}"
+    for method, path, field in [
+        ("GET", "/v1/organizations/%00", "org_id"),
+        ("DELETE", "/v1/organizations/org_%00", "org_id"),
+        ("GET", "/v1/organizations/%00/memberships", "org_id"),
+        ("GET", f"{base}/memberships/mem_%00", "membership_id"),
+        ("DELETE", f"{base}/memberships/%01", "membership_id"),
+        ("GET", f"{base}/invitations/inv_%00", "invitation_id"),
+        ("POST", f"{base}/invitations/%00/revoke", "invitation_id"),
+    ]:
+        r = await project.api.request(method, path)
+        assert_invalid_field(r, field, "must not contain control characters")
 
 
 # --- update -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from tests.fixtures.service import Api, Project, Response, assert_error, start_app
+from tests.fixtures.service import Api, Project, Response, assert_error, assert_invalid_field, start_app
 
 ULID = r"[0-9a-hjkmnp-tv-z]{26}"
 ALL_SCOPES = ["users:read", "users:write", "organizations:write", "authz:check", "authz:write",
@@ -376,6 +376,16 @@ async def test_unknown_key_id_is_not_found(project: Project) -> None:
     assert_error(await project.api.delete("/v1/api-keys/key_01hzzzzzzzzzzzzzzzzzzzzzzz"), 404,
                  "not_found")
     assert_error(await project.api.delete("/v1/api-keys/nonsense"), 404, "not_found")
+    assert_error(await project.api.delete("/v1/api-keys/" + "k" * 5000), 404, "not_found")
+
+
+@pytest.mark.parametrize("key_id", ["%00", "key_%00", "key_%1F"])
+async def test_a_control_character_in_a_key_id_is_invalid_request_naming_it(
+    project: Project, key_id: str
+) -> None:
+    """NUL went to PostgreSQL, which cannot take it (a 500)."""
+    assert_invalid_field(await project.api.delete(f"/v1/api-keys/{key_id}"), "key_id",
+                         "must not contain control characters")
 
 
 # --- authentication ---------------------------------------------------------------------------

@@ -19,7 +19,18 @@ from redis.asyncio import Redis
 from common.settings import Settings
 from tests.fixtures.database import events, messages
 from tests.fixtures.identity import create_user, email, latest_link, session_call, sign_in, token_of, verify
-from tests.fixtures.service import ULID, Api, Project, Response, assert_error, combined_app, scoped, serving, ts
+from tests.fixtures.service import (
+    ULID,
+    Api,
+    Project,
+    Response,
+    assert_error,
+    assert_invalid_field,
+    combined_app,
+    scoped,
+    serving,
+    ts,
+)
 
 USER_FIELDS = {"id", "email", "email_verified", "phone_number", "phone_verified", "name",
                "metadata", "created_at", "updated_at", "last_sign_in_at"}
@@ -140,6 +151,62 @@ async def test_invalid_body_is_invalid_request_naming_the_field(
     assert_error(r, 400, "invalid_request")
     assert field in [f["field"] for f in r.body["error"]["details"]["fields"]], r.body
     assert await db.fetchval("SELECT count(*) FROM users WHERE project_id = $1", project.id) == 0
+
+
+NUL = "\u0000"
+
+
+@pytest.mark.parametrize(("metadata", "field"), [
+    ({"a": {"b": "x" + NUL}}, "metadata.a.b"),
+    ({"list": [1, "ok", NUL]}, "metadata.list.2"),
+    ({"a" + NUL: 1}, "metadata"),  # a key: the object holding it is named
+])
+async def test_a_nul_in_metadata_is_invalid_request_naming_it(
+    project: Project, db: asyncpg.Pool, metadata: dict[str, Any], field: str
+) -> None:
+    """PostgreSQL's jsonb cannot hold NUL: it reached the insert and answered 500."""
+    address = email()
+    r = await project.api.post("/v1/users", {"email": address, "metadata": metadata})
+    assert_invalid_field(r, field)
+    assert await messages(db, project.id, address, "enrollment") == 0
+    user = await create_user(project.api)
+    r = await project.api.request("PATCH", f"/v1/users/{user['id']}", json={"metadata": metadata})
+    assert_invalid_field(r, field)
+    assert (await project.api.get(f"/v1/users/{user['id']}")).body["metadata"] == {}
+
+
+@pytest.mark.parametrize("depth", [33, 300, 1000])
+async def test_metadata_nested_too_deep_is_invalid_request(project: Project, depth: int) -> None:
+    """Past 254 levels the size check could not serialize it (orjson's limit): a 500."""
+    deep = b'{"a":' * depth + b"1" + b"}" * depth  # metadata nesting `depth` objects
+    r = await project.api.post("/v1/users", data=b'{"email": "%s", "metadata": %s}' % (
+        email().encode(), deep))
+    assert_invalid_field(r, "metadata", "must nest at most 32 levels")
+    user = await create_user(project.api)
+    r = await project.api.request("PATCH", f"/v1/users/{user['id']}",
+                                  data=b'{"metadata": %s}' % deep)
+    assert_invalid_field(r, "metadata", "must nest at most 32 levels")
+
+
+async def test_metadata_nested_32_levels_is_stored(project: Project) -> None:
+    deep: dict[str, Any] = {}
+    inner = deep
+    for _ in range(31):
+        inner["a"] = {}
+        inner = inner["a"]
+    user = await create_user(project.api, metadata=deep)
+    assert user["metadata"] == deep
+
+
+@pytest.mark.parametrize("user_id", ["%00", "user_%00", "user_%7F"])
+async def test_a_control_character_in_a_user_id_is_invalid_request_naming_it(
+    project: Project, user_id: str
+) -> None:
+    for r in (await project.api.get(f"/v1/users/{user_id}"),
+              await project.api.request("PATCH", f"/v1/users/{user_id}", json={"name": "x"}),
+              await project.api.delete(f"/v1/users/{user_id}"),
+              await project.api.get(f"/v1/users/{user_id}/memberships")):
+        assert_invalid_field(r, "user_id", "must not contain control characters")
 
 
 async def test_phone_and_metadata_are_stored(project: Project) -> None:

@@ -1,0 +1,419 @@
+"""schemathesis over the live service's ``GET /openapi.json``: every route and method, no 5xx,
+and every answer as the document says (status, content type, body, headers).
+
+The service is the one ``authio serve`` runs (``combined_app``), on a loopback port, in a thread
+of its own with its own event loop: schemathesis calls it synchronously (requests), and the
+suite's event loop is idle during a synchronous test. ``live`` checks that the document it
+serves is, byte for byte, ``DOCUMENT``, which the cases are generated from at collection, one
+test per operation (schemathesis' lazy loading from a fixture does not run under pytest 9).
+
+For each operation, with ``SEED`` and derandomized, so CI runs the same cases every time:
+
+* the coverage phase: schemathesis' deterministic boundary and negative values of every
+  parameter and body property (missing, wrong type, too long, outside the pattern, ...);
+* the fuzzing phase: up to ``MAX_EXAMPLES`` generated cases of each mode, valid and invalid
+  (their strings include NUL);
+* the examples phase, with ``add_hostile_cases``: for each path parameter, query parameter,
+  documented header and JSON string of the body (and the keys of free-form objects), a value
+  holding NUL, a lone surrogate (percent-encoded as ED A0 80 in a path or query, ``\\ud800``
+  in JSON, a Latin-1 byte in a header), an over-long one (1 MiB in a body, just over 8 KiB in a
+  path, query or header), and bodies nested 300 and 100,000 levels deep. schemathesis makes
+  none of these itself (no surrogates in its alphabet, control characters stripped from paths,
+  short strings).
+
+The checks are schemathesis' defaults (no 5xx; status, content type, body and headers as
+documented; valid data accepted; invalid data refused; authentication enforced), with two
+narrowed (``no_server_error``, ``valid_data_accepted``: each exception is listed with its
+reason and told by the answer's error, never by its status alone), and ``request_id_check``.
+
+What the document cannot say is given to the cases (``prepare``):
+
+* which ids exist: a case meant as valid gets the ids of resources made for its operation (a
+  store, a user, an organization with a membership and an invitation, an API key), so it
+  reaches the route's rules instead of stopping at 404;
+* which project a public route is for: the live project, in ``project_id``;
+* a listing's ``cursor``, which is signed: a valid case starts at the first page;
+* credentials: the project's full-access key, the bootstrap token, or the access token of a
+  user signed in by magic link for the operation (afresh for each case of sign-out), sent in
+  place of those the case carries; a case generated without them keeps none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+import requests
+import schemathesis
+from aiohttp import ClientSession, ClientTimeout
+from schemathesis.checks import not_a_server_error
+from schemathesis.core.failures import Failure
+from schemathesis.generation.modes import GenerationMode
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from common.settings import Settings
+from control_plane.app import openapi_document
+from tests.fixtures.identity import email, sign_in
+from tests.fixtures.service import BOOTSTRAP_TOKEN, Project, bootstrap_project, combined_app, serving
+
+SEED = 20261125
+MAX_EXAMPLES = 50
+"""Generated cases per operation and mode in the fuzzing phase, on top of the coverage and
+examples phases: about 5,000 requests in all, a minute on two cores."""
+
+REAL = "__real__"
+"""A path parameter or project_id the case leaves to ``prepare``: the operation's real one."""
+MIB = 1 << 20
+OVER_8_KIB = 8 * 1024 + 100
+NUL = "nul\x00value"
+
+
+# --- the live service -------------------------------------------------------------------------
+
+
+@dataclass
+class Live:
+    """The service running in its own thread, and the project the run acts in."""
+
+    base_url: str
+    project: Project
+    loop: asyncio.AbstractEventLoop
+    worlds: dict[str, dict[str, str]] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def run(self, coro: Any) -> Any:
+        """Run ``coro`` on the service's loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+
+@pytest.fixture(scope="module")
+def live(settings_factory: Callable[..., Settings]) -> Iterator[Live]:
+    # A check waits this long for a revision it asked for: generated revisions are never reached.
+    settings = settings_factory(consistency_timeout_ms=100)
+    loop = asyncio.new_event_loop()
+    started: Future[tuple[Live, asyncio.Event]] = Future()
+    failed: list[BaseException] = []
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        async with ClientSession(timeout=ClientTimeout(total=60)) as http, \
+                serving(http, combined_app(settings)) as api:
+            project = await bootstrap_project(api, "fuzz")
+            started.set_result((Live(api.base_url, project, loop), stop))
+            await stop.wait()
+
+    def thread() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(main())
+        except BaseException as exc:
+            failed.append(exc)
+            if not started.done():
+                started.set_exception(exc)
+        finally:
+            loop.close()
+
+    runner = threading.Thread(target=thread, name="fuzzed-service", daemon=True)
+    runner.start()
+    live, stop = started.result(60)
+    served = requests.get(f"{live.base_url}/openapi.json", timeout=30)
+    assert served.status_code == 200 and served.content == DOCUMENT
+    yield live
+    loop.call_soon_threadsafe(stop.set)
+    runner.join(60)
+    assert not runner.is_alive(), "the fuzzed service did not stop"
+    assert not failed, failed
+
+
+CONFIG = schemathesis.Config.from_dict({
+    "seed": SEED,
+    "generation": {"mode": "all", "max-examples": MAX_EXAMPLES, "deterministic": True},
+    "phases": {"examples": {"fill-missing": True}, "stateful": {"enabled": False}},
+})
+DOCUMENT = openapi_document(dev_mailbox=True)
+"""What the live service serves at /openapi.json (``live`` checks it byte for byte): loaded
+here, at collection, so that each operation is a test of its own (schemathesis' lazy loading
+from a fixture does not run under this pytest)."""
+schema = schemathesis.openapi.from_dict(orjson.loads(DOCUMENT), config=CONFIG)
+
+
+# --- what the document cannot say -------------------------------------------------------------
+
+
+def world(live: Live, label: str) -> dict[str, str]:
+    """Ids of resources made for the operation ``label`` (once), keyed by path parameter."""
+    if label not in live.worlds:
+        live.worlds[label] = live.run(_make_world(live.project))
+    return live.worlds[label]
+
+
+async def _make_world(project: Project) -> dict[str, str]:
+    api = project.api
+
+    async def make(path: str, body: dict[str, Any]) -> str:
+        r = await api.post(path, body)
+        assert r.status == 201, (path, r.body)
+        return str(r.body["id"])
+
+    store = await make("/v1/stores", {"name": "fuzz"})
+    user = await make("/v1/users", {"email": email()})
+    org = await make("/v1/organizations", {"name": "Fuzz", "slug": f"fuzz-{user[-12:]}"})
+    membership = await make(f"/v1/organizations/{org}/memberships", {"user_id": user})
+    invitation = await make(f"/v1/organizations/{org}/invitations", {"email": email()})
+    key = await make("/v1/api-keys", {"prefix": "sk_live_", "name": "fuzz", "scopes": []})
+    return {"store_id": store, "user_id": user, "org_id": org, "membership_id": membership,
+            "invitation_id": invitation, "key_id": key}
+
+
+def access_token(live: Live, label: str, *, fresh: bool = False) -> str:
+    """The access token of a user signed in for the operation ``label``."""
+    if fresh or label not in live.tokens:
+        live.tokens[label] = live.run(sign_in(live.project, email())).access_token
+    return live.tokens[label]
+
+
+def security(case: schemathesis.Case) -> set[str]:
+    return {name for way in case.operation.definition.raw.get("security", []) for name in way}
+
+
+def prepare(case: schemathesis.Case, live: Live) -> dict[str, dict[str, str]]:
+    """Give ``case`` what the document cannot (the module's docstring); the credentials to send
+    (``credentials``)."""
+    label = case.operation.label
+    valid = case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE
+    path = case.path_parameters or {}
+    for name, value in list(path.items()):
+        if valid or value == REAL:
+            path[name] = world(live, label)[name]
+    query = case.query if case.query is not None else {}
+    params = {p["name"] for p in case.operation.definition.raw.get("parameters", [])
+              if p["in"] == "query"}
+    if "project_id" in params and (valid or query.get("project_id") == REAL):
+        query["project_id"] = live.project.id
+        case.query = query
+    if valid and "cursor" in query:
+        del query["cursor"]
+    return credentials(case, live)
+
+
+def credentials(case: schemathesis.Case, live: Live) -> dict[str, dict[str, str]]:
+    """The operation's real credentials, as the ``headers`` and ``cookies`` to send over those
+    the case carries (explicit credentials: schemathesis then also sends the case without them
+    and expects 401). A case generated without them (a negative case about authentication) is
+    sent as it is."""
+    ways = security(case)
+    headers = case.headers or {}
+    ours = case.meta is None  # a hostile case: about something else, always authenticated
+    if "apiKey" in ways or "session" in ways:
+        if "apiKey" in ways:
+            secret = live.project.key
+        else:
+            revoke = case.operation.method.upper() == "POST" and case.operation.path.endswith("/revoke")
+            secret = access_token(live, case.operation.label, fresh=revoke)
+        if ours or "Authorization" in headers:
+            return {"headers": {"Authorization": f"Bearer {secret}"}}
+        if "session" in ways and "service_session" in (case.cookies or {}):
+            return {"cookies": {"service_session": secret}}
+    if "bootstrapToken" in ways and (ours or "x-service-bootstrap-token" in headers):
+        return {"headers": {"x-service-bootstrap-token": BOOTSTRAP_TOKEN}}
+    return {}
+
+
+def error_code(response: schemathesis.Response) -> str | None:
+    try:
+        body = orjson.loads(response.content)
+        return str(body["error"]["code"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def refused_fields(response: schemathesis.Response) -> list[tuple[str, str]]:
+    try:
+        fields = orjson.loads(response.content)["error"]["details"]["fields"]
+        return [(str(f["field"]), str(f["message"])) for f in fields]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return []
+
+
+NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response], bool]]] = [
+    ("email-validator's rules are stricter than JSON Schema's `email` format (a special-use "
+     "domain such as .test, a local part it does not take)",
+     lambda case, r: error_code(r) == "invalid_email"),
+    ("a well-formed link token that was never issued: the state of a link, as 404 is for an id",
+     lambda case, r: error_code(r) == "token_invalid_or_expired"),
+    ("the request line (8,190 bytes) carries the whole query: the document bounds each "
+     "parameter, not their sum once percent-encoded (non-ASCII takes up to 12 bytes a character)",
+     lambda case, r: orjson.loads(r.content)["error"]["details"].get("reason") == "line_too_long"),
+    ("which internationalized domain names have an ASCII form (IDNA) no pattern can say",
+     lambda case, r: bool(refused_fields(r)) and all(
+         f.startswith("domains") for f, _ in refused_fields(r))
+     and any(not str(d).isascii() for d in case.body.get("domains") or [])),
+    ("an audit listing's `to` may not be earlier than its `from`: two parameters, compared",
+     lambda case, r: refused_fields(r) == [("to", "must not be earlier than from")]),
+    ("a write's 1,000 tuples are counted across writes and deletes, and a tuple may not be in "
+     "both: JSON Schema bounds and deduplicates each array alone",
+     lambda case, r: bool(refused_fields(r)) and all(
+         m.startswith("repeats ") or "tuples in all" in m for _, m in refused_fields(r))),
+    ("an Idempotency-Key already used with other tuples: the state of a key, as 404 is for an "
+     "id (generated keys repeat across cases)",
+     lambda case, r: error_code(r) == "idempotency_key_reused"),
+]
+"""Refusals of requests the document calls valid, which the document cannot rule out: why, and
+how to tell each (never just a status)."""
+
+
+def valid_data_accepted(ctx: Any, response: schemathesis.Response,
+                        case: schemathesis.Case) -> bool | None:
+    """schemathesis' ``positive_data_acceptance``, except the refusals of ``NOT_SAYABLE``."""
+    try:
+        return positive_data_acceptance(ctx, response, case)
+    except Failure:
+        if response.status_code < 500 and any(tell(case, response) for _, tell in NOT_SAYABLE):
+            return None
+        raise
+
+
+def no_server_error(ctx: Any, response: schemathesis.Response,
+                    case: schemathesis.Case) -> bool | None:
+    """schemathesis' ``not_a_server_error``, except 503 ``revision_not_reached``: the documented
+    answer to a check at a revision the store has not reached (SPEC.md), which generated
+    revisions never are."""
+    if response.status_code == 503 and error_code(response) == "revision_not_reached":
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
+def request_id_check(ctx: Any, response: schemathesis.Response, case: schemathesis.Case) -> bool:
+    """The document's promise on every JSON answer: ``request_id`` is the ``X-Request-Id``."""
+    header = response.headers.get("x-request-id")
+    assert header, "no X-Request-Id"
+    media = (response.headers.get("content-type") or [""])[0]
+    if media.startswith("application/json") and response.content:
+        body = orjson.loads(response.content)
+        if isinstance(body, dict) and "request_id" in body:
+            assert [body["request_id"]] == header, (body["request_id"], header)
+    return True
+
+
+# --- hostile cases ----------------------------------------------------------------------------
+
+
+def _resolve(node: Any, components: dict[str, Any]) -> Any:
+    while isinstance(node, dict) and "$ref" in node:
+        node = components[node["$ref"].rsplit("/", 1)[1]]
+    return node
+
+
+def string_paths(node: Any, components: dict[str, Any], at: tuple[Any, ...] = (),
+                 depth: int = 0) -> Iterator[tuple[tuple[Any, ...], bool]]:
+    """Each place in a body of schema ``node`` that holds a string (``False``) or a free-form
+    object (``True``: its keys and values are open), as a path of keys and list indexes."""
+    node = _resolve(node, components)
+    if not isinstance(node, dict) or depth > 6:
+        return
+    for branch in [*node.get("allOf", []), *node.get("anyOf", []), *node.get("oneOf", [])]:
+        yield from string_paths(branch, components, at, depth + 1)
+    kind = node.get("type")
+    if kind == "string":
+        yield at, False
+    elif kind == "array" and "items" in node:
+        yield from string_paths(node["items"], components, (*at, 0), depth + 1)
+    elif kind == "object" or "properties" in node:
+        if node.get("additionalProperties") is True or (
+                kind == "object" and "properties" not in node):
+            yield at, True
+        for name, prop in node.get("properties", {}).items():
+            yield from string_paths(prop, components, (*at, name), depth + 1)
+
+
+def put(body: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """A copy of ``body`` with ``value`` at ``path`` (objects and lists made as needed)."""
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(head, int):
+        items = list(body) if isinstance(body, list) and body else [None]
+        items[0] = put(items[0], rest, value)
+        return items
+    out = dict(body) if isinstance(body, dict) else {}
+    out[head] = put(out.get(head), rest, value)
+    return out
+
+
+HOSTILE_TEXT = [NUL, "\ud800 lone surrogate", "x" * MIB]
+SURROGATE_IN_URL = "%ED%A0%80"  # U+D800 in CESU-8: what a client percent-encodes for a surrogate
+SURROGATE_BYTES = b"\xed\xa0\x80"  # a query value as bytes: requests percent-encodes them as they are
+DEEPEST = b'{"deep": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+DEEP_OBJECT = b'{"a":' * 300 + b"1" + b"}" * 300  # past what orjson writes (254 levels)
+HOLE = "__deep_object__"
+
+
+def add_hostile_cases(context: Any, examples: list[schemathesis.Case]) -> None:
+    """``before_add_examples``: the hostile values of the module's docstring, each in one place
+    of a case otherwise like the phase's own example (its path ids and project left ``REAL``)."""
+    operation = context.operation
+    raw = operation.definition.raw
+    base = examples[0] if examples else operation.Case()
+    components = operation.schema.raw_schema.get("components", {}).get("schemas", {})
+    params = raw.get("parameters", [])
+    path_names = [p["name"] for p in params if p["in"] == "path"]
+    query_names = [p["name"] for p in params if p["in"] == "query"]
+    header_names = [p["name"] for p in params if p["in"] == "header"]
+    body_schema = raw.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+    base_body = base.body if isinstance(base.body, dict) else {}
+
+    def case(*, path: dict[str, str] | None = None, query: dict[str, Any] | None = None,
+             headers: dict[str, str] | None = None, body: Any = None) -> schemathesis.Case:
+        base_query = {k: v for k, v in (base.query or {}).items() if k != "cursor"}
+        if "project_id" in query_names:
+            base_query["project_id"] = REAL
+        parts: dict[str, Any] = {}
+        if body_schema is not None:
+            parts = {"body": copy.deepcopy(base_body) if body is None else body,
+                     "media_type": "application/json"}
+        return operation.Case(
+            path_parameters={name: REAL for name in path_names} | (path or {}),
+            query=base_query | (query or {}), headers=dict(headers or {}), **parts)
+
+    made: list[schemathesis.Case] = []
+    for name in path_names:
+        for value in ("%00", f"store_%00{name}", SURROGATE_IN_URL, "i" * OVER_8_KIB):
+            made.append(case(path={name: value}))
+    for name in query_names:
+        for value in (NUL, SURROGATE_BYTES, "q" * OVER_8_KIB):
+            made.append(case(query={name: value}))
+    for name in header_names:
+        for value in ("caf\xe9", "h" * OVER_8_KIB):
+            made.append(case(headers={name: value}))
+    if body_schema is not None:
+        for path, open_object in string_paths(body_schema, components):
+            for value in HOSTILE_TEXT:
+                made.append(case(body=put(base_body, path, value)))
+            if open_object:
+                made.append(case(body=put(base_body, path, {NUL: "key", "k": [NUL]})))
+                # As bytes: schemathesis' own copy of a JSON body stops at 255 levels.
+                made.append(case(body=orjson.dumps(put(base_body, path, HOLE)).replace(
+                    orjson.dumps(HOLE), DEEP_OBJECT)))
+        made.append(case(body=DEEPEST))  # raw bytes: no JSON library writes this deep
+    examples.extend(made)
+
+
+schema.hook("before_add_examples")(add_hostile_cases)
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+@schema.parametrize()
+def test_every_operation(case: schemathesis.Case, live: Live) -> None:
+    case.call_and_validate(
+        base_url=live.base_url, timeout=60, **prepare(case, live),
+        excluded_checks=[positive_data_acceptance, not_a_server_error],
+        additional_checks=[valid_data_accepted, no_server_error, request_id_check])
