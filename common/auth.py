@@ -266,20 +266,47 @@ def revocation_channel(prefix: str) -> str:
     return f"{prefix}api_keys:revoked"
 
 
+class _ForgetOnReconnect:
+    """A connect callback for the revocation feed's connection (redis-py keeps it as a weak
+    method): redis-py reconnects a pub/sub connection and subscribes again by itself, and any
+    revocation published while it was away was missed, so the cache is forgotten each time."""
+
+    def __init__(self, auth: ApiKeyAuthenticator) -> None:
+        self.auth = auth
+
+    def connected(self, _connection: object) -> None:
+        self.auth.clear()
+
+
 async def follow_revocations(redis: Redis, prefix: str, auth: ApiKeyAuthenticator) -> None:
-    """Run forever: invalidate cached keys as revocations arrive, reconnecting on failure."""
+    """Run forever: invalidate cached keys as revocations arrive on :func:`revocation_channel`.
+
+    Whenever the subscription may have missed a message (the first subscription, every
+    reconnection redis-py makes by itself, and every one made here after it gave up) the whole
+    cache is forgotten, so a key revoked while Redis was away is looked up again at once."""
     channel = revocation_channel(prefix)
+    hook = _ForgetOnReconnect(auth)
+    failures = 0
     while True:
         try:
             async with redis.pubsub() as pubsub:
                 await pubsub.subscribe(channel)
                 auth.clear()  # messages may have been missed while unsubscribed
+                if pubsub.connection is not None:
+                    pubsub.connection.register_connect_callback(hook.connected)
+                if failures:
+                    log.info("revocation feed followed again")
+                failures = 0
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         data = message["data"]
                         auth.invalidate(data.decode() if isinstance(data, bytes) else str(data))
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.warning("revocation feed lost; retrying in 1 s", exc_info=True)
-            await asyncio.sleep(1.0)
+        except Exception as exc:
+            failures += 1
+            delay = min(1.0, 0.1 * 2 ** (failures - 1))
+            if failures == 1:
+                log.warning("revocation feed lost (%s: %s); retrying every %.1f s or less",
+                            type(exc).__name__, exc, 1.0)
+            await asyncio.sleep(delay)

@@ -8,8 +8,10 @@ would see: the revocation set and the API-key revocations.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import pytest
@@ -20,6 +22,8 @@ from redis.asyncio import Redis
 from common import revocations
 from common.db import create_redis
 from common.settings import Settings
+from control_plane.app import create_control_plane_app
+from engine.app import create_engine_app
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import email, send_link, session_call, sign_in
 from tests.fixtures.redis import PrivateRedis, private_redis
@@ -121,3 +125,67 @@ async def test_sign_in_links_fail_closed_while_redis_is_down_and_recover(rig: Ri
     assert (await send_link(rig.api, rig.project, email())).status == 200  # the very next one
     await asyncio.to_thread(rig.redis.restart)
     assert (await send_link(rig.api, rig.project, email())).status == 200  # and after a restart
+
+
+async def test_an_api_key_revoked_right_after_a_restart_is_refused_by_the_engine(
+        outage_db: str, settings_factory: Callable[..., Settings], http: ClientSession) -> None:
+    """Before: a key revoked after a Redis restart stayed accepted by the engine until its
+    cache entry expired. The cache lives 30 s here, so only the revocation channel, followed
+    again after the restart, can refuse the key within the test's 5 s."""
+    with private_redis() as redis:
+        settings = settings_factory(database_url=outage_db, redis_url=redis.url,
+                                    redis_prefix=PREFIX, api_key_cache_seconds=30.0)
+        async with serving(http, create_control_plane_app(settings)) as cp, \
+                serving(http, create_engine_app(settings)) as engine:
+            project = await bootstrap_project(cp, "key-after-restart")
+            store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
+            for attempt in range(2):  # right after the restart, and once it has settled
+                made = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "k",
+                                                               "scopes": ["authz:check"]})
+                key = made.body["secret"]
+                assert (await _check(engine, store, key)).status == 200  # now cached
+
+                await asyncio.to_thread(redis.restart)
+                if attempt:
+                    await asyncio.sleep(2)
+                revoked = await project.api.delete(f"/v1/api-keys/{made.body['id']}")
+                assert revoked.status == 200, revoked.body
+
+                await eventually(functools.partial(_refused, engine, store, key), within=5,
+                                 what="the revoked key refused by the engine")
+
+
+async def test_an_api_key_revoked_while_redis_is_down_is_refused_by_the_engine(
+        outage_db: str, settings_factory: Callable[..., Settings], http: ClientSession) -> None:
+    """The engine's subscription is away as long as Redis is, and comes back on its own timing:
+    whether the announcement comes before or after it, the engine refuses the key once Redis
+    is back (its cache, 30 s here, is cleared on every resubscription)."""
+    with private_redis() as redis:
+        settings = settings_factory(database_url=outage_db, redis_url=redis.url,
+                                    redis_prefix=PREFIX, api_key_cache_seconds=30.0)
+        async with serving(http, create_control_plane_app(settings)) as cp, \
+                serving(http, create_engine_app(settings)) as engine:
+            project = await bootstrap_project(cp, "key-while-down")
+            store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
+            for down_seconds in (0.5, 3.0):
+                made = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "k",
+                                                               "scopes": ["authz:check"]})
+                key = made.body["secret"]
+                assert (await _check(engine, store, key)).status == 200  # now cached
+                await asyncio.to_thread(redis.stop)
+                revoked = await project.api.delete(f"/v1/api-keys/{made.body['id']}")
+                assert revoked.status == 200, revoked.body
+                await asyncio.sleep(down_seconds)
+                await asyncio.to_thread(redis.start)
+
+                await eventually(functools.partial(_refused, engine, store, key), within=5,
+                                 what="the revoked key refused by the engine")
+
+
+async def _refused(engine: Api, store: str, key: str) -> bool:
+    return (await _check(engine, store, key)).status == 401
+
+
+async def _check(engine: Api, store: str, key: str) -> Any:
+    return await engine.with_key(key).post(f"/v1/stores/{store}/check", {
+        "tuple_key": {"object": "doc:1", "relation": "viewer", "user": "user:ann"}})
