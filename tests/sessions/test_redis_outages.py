@@ -127,59 +127,70 @@ async def test_sign_in_links_fail_closed_while_redis_is_down_and_recover(rig: Ri
     assert (await send_link(rig.api, rig.project, email())).status == 200  # and after a restart
 
 
-async def test_an_api_key_revoked_right_after_a_restart_is_refused_by_the_engine(
-        outage_db: str, settings_factory: Callable[..., Settings], http: ClientSession) -> None:
-    """Before: a key revoked after a Redis restart stayed accepted by the engine until its
-    cache entry expired. The cache lives 30 s here, so only the revocation channel, followed
-    again after the restart, can refuse the key within the test's 5 s."""
+@dataclass
+class Split:
+    """A control plane and an engine apart (as deployed), with API-key caches of 30 s: only the
+    revocation channel can make the engine refuse a revoked key within a test's seconds."""
+
+    redis: PrivateRedis
+    project: Project
+    engine: Api
+    store: str
+
+    async def cached_key(self) -> tuple[str, str]:
+        """A new key (id, secret) the engine has just accepted, hence caches."""
+        made = await self.project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "k",
+                                                            "scopes": ["authz:check"]})
+        assert made.status == 201, made.body
+        assert (await _check(self.engine, self.store, made.body["secret"])).status == 200
+        return made.body["id"], made.body["secret"]
+
+    async def revoke(self, key_id: str) -> None:
+        revoked = await self.project.api.delete(f"/v1/api-keys/{key_id}")
+        assert revoked.status == 200, revoked.body
+
+    async def refused_soon(self, secret: str) -> None:
+        await eventually(functools.partial(_refused, self.engine, self.store, secret), within=5,
+                         what="the revoked key refused by the engine")
+
+
+@pytest_asyncio.fixture
+async def split(outage_db: str, settings_factory: Callable[..., Settings],
+                http: ClientSession) -> AsyncIterator[Split]:
     with private_redis() as redis:
         settings = settings_factory(database_url=outage_db, redis_url=redis.url,
                                     redis_prefix=PREFIX, api_key_cache_seconds=30.0)
         async with serving(http, create_control_plane_app(settings)) as cp, \
                 serving(http, create_engine_app(settings)) as engine:
-            project = await bootstrap_project(cp, "key-after-restart")
+            project = await bootstrap_project(cp, "split")
             store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
-            for attempt in range(2):  # right after the restart, and once it has settled
-                made = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "k",
-                                                               "scopes": ["authz:check"]})
-                key = made.body["secret"]
-                assert (await _check(engine, store, key)).status == 200  # now cached
+            yield Split(redis, project, engine, store)
 
-                await asyncio.to_thread(redis.restart)
-                if attempt:
-                    await asyncio.sleep(2)
-                revoked = await project.api.delete(f"/v1/api-keys/{made.body['id']}")
-                assert revoked.status == 200, revoked.body
 
-                await eventually(functools.partial(_refused, engine, store, key), within=5,
-                                 what="the revoked key refused by the engine")
+async def test_an_api_key_revoked_right_after_a_restart_is_refused_by_the_engine(
+        split: Split) -> None:
+    """Before: a key revoked after a Redis restart stayed accepted by the engine until its
+    cache entry expired (here 30 s)."""
+    for settle_seconds in (0.0, 2.0):  # right after the restart, and once it has settled
+        key_id, secret = await split.cached_key()
+        await asyncio.to_thread(split.redis.restart)
+        await asyncio.sleep(settle_seconds)
+        await split.revoke(key_id)
+        await split.refused_soon(secret)
 
 
 async def test_an_api_key_revoked_while_redis_is_down_is_refused_by_the_engine(
-        outage_db: str, settings_factory: Callable[..., Settings], http: ClientSession) -> None:
+        split: Split) -> None:
     """The engine's subscription is away as long as Redis is, and comes back on its own timing:
     whether the announcement comes before or after it, the engine refuses the key once Redis
-    is back (its cache, 30 s here, is cleared on every resubscription)."""
-    with private_redis() as redis:
-        settings = settings_factory(database_url=outage_db, redis_url=redis.url,
-                                    redis_prefix=PREFIX, api_key_cache_seconds=30.0)
-        async with serving(http, create_control_plane_app(settings)) as cp, \
-                serving(http, create_engine_app(settings)) as engine:
-            project = await bootstrap_project(cp, "key-while-down")
-            store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
-            for down_seconds in (0.5, 3.0):
-                made = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "k",
-                                                               "scopes": ["authz:check"]})
-                key = made.body["secret"]
-                assert (await _check(engine, store, key)).status == 200  # now cached
-                await asyncio.to_thread(redis.stop)
-                revoked = await project.api.delete(f"/v1/api-keys/{made.body['id']}")
-                assert revoked.status == 200, revoked.body
-                await asyncio.sleep(down_seconds)
-                await asyncio.to_thread(redis.start)
-
-                await eventually(functools.partial(_refused, engine, store, key), within=5,
-                                 what="the revoked key refused by the engine")
+    is back (its cache is cleared on every resubscription)."""
+    for down_seconds in (0.5, 3.0):
+        key_id, secret = await split.cached_key()
+        await asyncio.to_thread(split.redis.stop)
+        await split.revoke(key_id)
+        await asyncio.sleep(down_seconds)
+        await asyncio.to_thread(split.redis.start)
+        await split.refused_soon(secret)
 
 
 async def _refused(engine: Api, store: str, key: str) -> bool:
