@@ -9,18 +9,23 @@ key-encryption key (KEK) from ``SERVICE_KMS_KEY`` or ``SERVICE_KMS_KEY_FILE``. A
 ``kek_id`` (the first 8 bytes of SHA-256 of the KEK) says which KEK wrapped the data key, so a
 value sealed under another KEK fails with a clear error instead of a bare tag mismatch. ``aad``
 binds a sealed value to its place (for example ``b"signing_key:" + kid``): a ciphertext copied
-into another row does not open. A cloud KMS plugs in behind the same two methods (``seal``,
-``open``), wrapping the data key remotely.
+into another row does not open. ``mac`` gives a keyed digest under a key derived from the KEK
+for one purpose (HKDF-SHA256, RFC 5869), for values that must be recomputable but never stored.
+A cloud KMS plugs in behind the same methods (``seal`` and ``open`` wrapping the data key
+remotely, ``mac`` as its HMAC operation).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 from typing import Final
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 _VERSION: Final = b"\x01"
 _NONCE: Final = 12
@@ -39,7 +44,20 @@ class LocalKms:
         if len(kek) != 32:
             raise ValueError("the key-encryption key must be 32 bytes")
         self._kek = AESGCM(kek)
+        self._kek_bytes = kek
+        self._mac_keys: dict[bytes, bytes] = {}
         self.kek_id: Final = hashlib.sha256(kek).digest()[:_KEK_ID]
+
+    def mac(self, purpose: bytes, data: bytes) -> bytes:
+        """HMAC-SHA256 (32 bytes) of ``data`` under the key derived from the KEK for
+        ``purpose`` (HKDF-SHA256 with ``purpose`` as its info): the same for the same inputs and
+        KEK, and unrelated across purposes."""
+        key = self._mac_keys.get(purpose)
+        if key is None:
+            key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+                       info=b"authio mac:" + purpose).derive(self._kek_bytes)
+            self._mac_keys[purpose] = key
+        return hmac.digest(key, data, "sha256")
 
     def seal(self, plaintext: bytes, aad: bytes) -> bytes:
         """Encrypt ``plaintext`` under a fresh data key wrapped by the KEK."""

@@ -144,9 +144,11 @@ async def select_organization(conn: asyncpg.Connection, session_id: str, org_id:
     return row
 
 
-REFRESH: Final = "SELECT * FROM authio_refresh_session($1, $2, $3, $4, to_timestamp($5))"
-"""The rotation in one call of the plpgsql function of migration 0003: it locks the session,
-then reads the token's state (see ``service.refresh``)."""
+REFRESH: Final = "SELECT * FROM authio_refresh_session($1, $2, $3, to_timestamp($4))"
+"""The rotation in one call of the plpgsql function (migration 0005's, outcomes ``unknown``,
+``revoked``, ``expired``, ``reused``, ``rotated``, ``replayed``): it locks the session, then
+reads the token's state (see ``service.refresh``). Arguments: the presented token's digest, its
+successor's digest, the grace (interval), the new access token's expiry (Unix seconds)."""
 
 PURGES: Final = {
     # Sessions a day past their end: expired, or revoked with no access token of theirs still

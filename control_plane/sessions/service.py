@@ -22,6 +22,7 @@ Failures are ``no_session`` (401) with ``details.reason``: ``missing``, ``token_
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import secrets
 from collections.abc import Mapping
@@ -194,9 +195,14 @@ async def change_organization(
                        refresh_token=None)
 
 
-def _successor_aad(token_hash: bytes) -> bytes:
-    """The KMS associated data of a successor sealed in the row of ``token_hash``."""
-    return b"refresh_successor:" + token_hash
+def successor_of(token: str, kms: LocalKms) -> tuple[str, bytes]:
+    """(plaintext, digest) of the refresh token that replaces ``token``: ``rt_`` and the
+    base64url HMAC-SHA256 of ``token`` under the KMS key for refresh successors, as random-looking
+    as a new token to anyone without the KEK. Derived rather than drawn, so a second presentation
+    of ``token`` within the grace finds the same successor without storing anything but digests."""
+    mac = kms.mac(b"refresh_successor", token.encode())
+    successor = REFRESH_PREFIX + base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+    return successor, token_digest(successor)
 
 
 async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: TokenService,
@@ -206,7 +212,7 @@ async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: Token
 
     The rotation is one statement (``repository.REFRESH``): it locks the session, then reads
     the token's state. A current token rotates every current generation of the session and
-    remembers its successor (sealed by the KMS). A rotated token is forgiven only if the client
+    remembers its successor, which is derived from it (``successor_of``). A rotated token is forgiven only if the client
     presented it before, less than the grace period ago, and no newer generation has been
     presented since (a retry after a lost answer, two tabs refreshing at once); a forgiven token
     is answered with the same successor while that one is still current, so every presentation
@@ -217,11 +223,10 @@ async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: Token
     raised. Raises NoSession for an unknown token or an inactive session too.
     """
     digest = token_digest(token)
-    new_token, new_digest = new_refresh_token()
-    sealed = kms.seal(new_token.encode(), _successor_aad(digest))
+    new_token, new_digest = successor_of(token, kms)
     async with pool.acquire() as conn:
         row = await conn.fetchrow(
-            repository.REFRESH, digest, new_digest, sealed,
+            repository.REFRESH, digest, new_digest,
             timedelta(seconds=settings.refresh_reuse_grace_seconds),
             iat + settings.access_token_ttl_seconds,
         )
@@ -249,10 +254,7 @@ async def refresh(pool: asyncpg.Pool, actor: Actor, *, token: str, tokens: Token
                 )
             raise NoSession("This refresh token was already used; the session has been revoked.",
                             details={"reason": "refresh_token_reused"})
-    if outcome == "replayed":
-        new_token = kms.open(row["successor"], _successor_aad(digest)).decode()
-    else:
-        assert outcome == "rotated"
+    assert outcome in ("rotated", "replayed")  # either way, the successor derived above
     role = row["role"]  # None: the membership ended since, the org context was dropped
     return await grant(tokens, settings, project_id=sess["project_id"],
                        session=repository.session_of(sess, role), user=repository.user_of(row),
