@@ -10,9 +10,12 @@ Contract (SPEC.md 3, "revoked sessions are denied quickly at the edge"):
   the session id. Each revocation is published there once it is in the set, so a verifier that
   mirrors the set in memory denies at once; one that (re)subscribes re-reads the whole set.
 * writer: the control plane (``control_plane.sessions.revocation``), after the revocation has
-  committed in PostgreSQL, which stays the source of truth; it keeps the key
-  ``<set>:built`` beside the set, and when Redis comes back without it (restarted without
-  persistence, flushed) it rebuilds the whole set from PostgreSQL before anything else.
+  committed in PostgreSQL, which stays the source of truth. It keeps the sorted set
+  :func:`announced_key` beside the set (member ``announced``, score the highest revocation id it
+  announced there, written with the set in one ``MULTI``); when Redis comes back without it or
+  behind (restarted without persistence, flushed, an older snapshot, a lagging replica
+  promoted) it rebuilds the whole set from PostgreSQL and publishes every member again, so a
+  verifier that re-read the set too early still hears of each.
 
 Pure functions, no I/O.
 """
@@ -24,7 +27,7 @@ from typing import Final
 
 from common.access_tokens import LEEWAY_SECONDS as TOKEN_LEEWAY_SECONDS
 
-__all__ = ["LEEWAY_SECONDS", "built_key", "channel", "set_key", "until"]
+__all__ = ["LEEWAY_SECONDS", "announced_key", "channel", "set_key", "until"]
 
 LEEWAY_SECONDS: Final = 60
 """Kept on every score beyond ``exp``: more than verifiers' clock leeway."""
@@ -41,9 +44,10 @@ def channel(prefix: str) -> str:
     return f"{prefix}session_revocations"
 
 
-def built_key(prefix: str) -> str:
-    """The key the writer keeps beside the set; its absence means Redis lost the set."""
-    return f"{set_key(prefix)}:built"
+def announced_key(prefix: str) -> str:
+    """The writer's high-water mark beside the set; missing or behind PostgreSQL, Redis has
+    lost revocations."""
+    return f"{set_key(prefix)}:announced"
 
 
 def until(access_expires_at: datetime) -> datetime:

@@ -62,7 +62,7 @@ async def run_announcer(pool: asyncpg.Pool, redis: Redis, settings: Settings) ->
                 if failing:
                     log.info("announcing revocations again")
                 failing = False
-                if done.count >= BATCH:
+                if done >= BATCH:
                     continue  # a full batch: more may be waiting
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(ANNOUNCE_POLL_SECONDS):

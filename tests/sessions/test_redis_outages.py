@@ -26,6 +26,7 @@ from control_plane.app import create_control_plane_app
 from engine.app import create_engine_app
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import email, send_link, session_call, sign_in
+from tests.fixtures.peers import StallingProxy
 from tests.fixtures.redis import PrivateRedis, private_redis
 from tests.fixtures.service import Api, Project, assert_error, bootstrap_project, combined_app, eventually, serving
 
@@ -79,7 +80,7 @@ async def test_every_revocation_after_a_restart_reaches_the_set(rig: Rig) -> Non
     # The five made after the restart, and the one made before it (the set is rebuilt).
     await eventually(lambda: rig.in_set(*(s.session_id for s in signed)), within=15,
                      what="every revocation in the set")
-    assert await rig.client.exists(revocations.built_key(PREFIX))
+    assert await rig.client.exists(revocations.announced_key(PREFIX))
 
 
 async def test_revocations_while_redis_is_down_are_announced_when_it_returns(rig: Rig) -> None:
@@ -125,6 +126,70 @@ async def test_sign_in_links_fail_closed_while_redis_is_down_and_recover(rig: Ri
     assert (await send_link(rig.api, rig.project, email())).status == 200  # the very next one
     await asyncio.to_thread(rig.redis.restart)
     assert (await send_link(rig.api, rig.project, email())).status == 200  # and after a restart
+
+
+async def test_a_redis_rolled_back_to_an_older_snapshot_gets_the_set_rebuilt(rig: Rig) -> None:
+    """Redis may come back with the marker but without the latest members (an older RDB
+    snapshot, the last second of an AOF, a lagging replica promoted): the marker's high-water
+    mark is then behind PostgreSQL's, and the set is rebuilt."""
+    early, late = [await sign_in(rig.project, email(), api=rig.api) for _ in range(2)]
+    assert (await session_call(rig.api, "POST", "/v1/sessions/revoke", early.access_token)).status == 200
+    await eventually(lambda: rig.in_set(early.session_id), what="the first revocation")
+    set_key, marker = revocations.set_key(PREFIX), revocations.announced_key(PREFIX)
+    snapshot = {k: await rig.client.dump(k) for k in (set_key, marker)}
+    assert (await session_call(rig.api, "POST", "/v1/sessions/revoke", late.access_token)).status == 200
+    await eventually(lambda: rig.in_set(late.session_id), what="the second revocation")
+
+    for key, dumped in snapshot.items():  # back to the snapshot taken between the two
+        await rig.client.restore(key, 0, dumped, replace=True)
+    assert not await rig.in_set(late.session_id)
+    await eventually(lambda: rig.in_set(early.session_id, late.session_id), within=15,
+                     what="the set rebuilt")
+
+
+async def test_a_rebuild_publishes_every_member_again(rig: Rig) -> None:
+    """A verifier that mirrors the set and re-read it before the rebuild hears of each member."""
+    s = await sign_in(rig.project, email(), api=rig.api)
+    assert (await session_call(rig.api, "POST", "/v1/sessions/revoke", s.access_token)).status == 200
+    await eventually(lambda: rig.in_set(s.session_id), what="the revocation")
+    async with rig.client.pubsub() as pubsub:
+        await pubsub.subscribe(revocations.channel(PREFIX))
+        await rig.client.flushall()
+        heard: list[bytes] = []
+
+        async def republished() -> bool:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=0.2)
+            if message is not None:
+                heard.append(message["data"])
+            return s.session_id.encode() in heard
+
+        await eventually(republished, within=15, what="the member published again")
+    assert await rig.in_set(s.session_id)
+
+
+async def test_the_announcer_holds_no_connection_while_redis_stalls(
+        outage_db: str, settings_factory: Callable[..., Settings], http: ClientSession) -> None:
+    """With a pool of one connection, a revocation whose announcement waits on a stalled Redis
+    must not keep the database from the requests (before: the announcer held its connection and
+    row locks in a transaction for as long as the Redis pipeline waited). Redis stalls from the
+    pipeline on, after the row was claimed."""
+    with private_redis() as redis:
+        async with StallingProxy("127.0.0.1", redis.port) as proxy:
+            settings = settings_factory(database_url=outage_db, redis_prefix=PREFIX,
+                                        redis_url=f"redis://127.0.0.1:{proxy.port}/0",
+                                        pg_pool_max=1)
+            async with serving(http, combined_app(settings)) as api:
+                project = await bootstrap_project(api, "stalled-announcer")
+                s = await sign_in(project, email(), api=api)
+                proxy.stall_on(b"MULTI")  # the announcer's pipeline, after it claimed the row
+                r = await session_call(api, "POST", "/v1/sessions/revoke", s.access_token)
+                assert r.status == 200, r.body
+                await asyncio.sleep(0.5)  # the announcer is now waiting on Redis
+                for _ in range(3):
+                    async with asyncio.timeout(2):
+                        assert (await project.api.get("/v1/users")).status == 200
+                    await asyncio.sleep(0.5)
+                proxy.resume()
 
 
 @dataclass

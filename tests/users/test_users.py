@@ -18,7 +18,16 @@ from redis.asyncio import Redis
 
 from common.settings import Settings
 from tests.fixtures.database import events, messages
-from tests.fixtures.identity import create_user, email, latest_link, session_call, sign_in, token_of, verify
+from tests.fixtures.identity import (
+    announced_score,
+    create_user,
+    email,
+    latest_link,
+    session_call,
+    sign_in,
+    token_of,
+    verify,
+)
 from tests.fixtures.service import (
     ULID,
     Api,
@@ -445,7 +454,7 @@ async def test_delete_removes_user_memberships_and_revokes_sessions(
     assert len(deleted) == 1
     assert deleted[0]["target_id"] == user["id"] and deleted[0]["metadata"]["sessions_revoked"] == 1
     # Revoked at the edge: the session id is in the Redis revocation set.
-    assert await redis.zscore(f"{redis_prefix}revoked_sessions", session_id) is not None
+    await announced_score(redis, redis_prefix, session_id)
     assert_error(await session_call(project.api, "GET", "/v1/sessions/me", access), 401, "no_session")
     # Deleting again: gone.
     assert_error(await project.api.delete(f"/v1/users/{user['id']}"), 404, "user_not_found")
