@@ -138,11 +138,6 @@ def json_response(
     )
 
 
-def error_body(err: ServiceError, rid: str) -> bytes:
-    """The envelope of ``err`` as JSON bytes."""
-    return _written(err, rid)[1]
-
-
 def error_response(err: ServiceError, rid: str) -> web.Response:
     """A complete error response for ``err`` (status, headers, envelope)."""
     err, body = _written(err, rid)

@@ -129,12 +129,18 @@ async def test_bearer_tokens_and_clients_without_a_browser_are_not_affected(
 
 async def test_the_public_base_url_and_the_host_are_this_origin(
         service: Api, project: Project, settings_factory: Callable[..., Settings]) -> None:
-    """Behind a proxy the browser's Origin is the public base URL, not the Host we see; without
-    one it is the Host. Either passes the origin check, to be told the user is no member."""
+    """A browser that sends no ``Sec-Fetch-Site`` is judged by ``Origin``: behind a proxy it is
+    the public base URL, not the Host we see; without one it is the Host. Either passes the
+    origin check (to be told the user is no member); a sibling port does not."""
     public = urlsplit(settings_factory().public_base_url)
     s = await _signed_in(service, project)
-    for origin in (service.base_url, f"{public.scheme}://{public.netloc}"):
+    port = int(urlsplit(service.base_url).port or 80)
+    for origin, allowed in ((service.base_url, True), (f"{public.scheme}://{public.netloc}", True),
+                            (f"http://127.0.0.1:{port + 1}", False)):
         r = await service.post("/v1/sessions/select-org", {"organization_id": "org_x"}, headers={
-            "Cookie": f"service_session={s.access_token}", "Origin": origin,
-            "Sec-Fetch-Site": "same-site" if origin != service.base_url else "same-origin"})
-        assert_error(r, 403, "not_a_member")
+            "Cookie": f"service_session={s.access_token}", "Origin": origin})
+        if allowed:
+            assert_error(r, 403, "not_a_member")
+        else:
+            assert_error(r, 403, "forbidden")
+            assert r.body["error"]["details"] == {"reason": "cross_origin", "origin": origin}

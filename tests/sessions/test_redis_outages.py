@@ -20,6 +20,7 @@ from aiohttp import ClientSession
 from redis.asyncio import Redis
 
 from common import revocations
+from common.auth import hash_secret
 from common.db import create_redis
 from common.settings import Settings
 from control_plane.app import create_control_plane_app
@@ -108,7 +109,8 @@ async def test_revocations_while_redis_is_down_are_announced_when_it_returns(rig
 
     async def key_announced() -> bool:
         return bool(await rig.db.fetchval(
-            "SELECT announced_at IS NOT NULL FROM revocations WHERE kind = 'api_key'"))
+            "SELECT announced_at IS NOT NULL FROM revocations WHERE kind = 'api_key' "
+            "AND subject = $1", hash_secret(doomed_key.body["secret"])))
 
     await eventually(key_announced, within=15, what="the API-key revocation announced")
     assert not await rig.in_set(kept.session_id)
