@@ -148,7 +148,8 @@ async def test_sub_addresses_share_their_mailbox_limit(
             assert (await send_link(api, project, f"{local}+{tag}@{domain}")).status == 200
         assert_error(await send_link(api, project, f"{local}+3@{domain}"), 429, "rate_limited")
         assert_error(await send_link(api, project, f"{local}@{domain}"), 429, "rate_limited")
-        assert await latest_link(project, f"{local}+2@{domain}")  # delivered as written
+        # Delivered as written (by whichever running app's outbox worker took it).
+        assert await latest_link(project, f"{local}+2@{domain}", also=(api,))
         # Gmail ignores dots and answers to googlemail.com too.
         for address in (f"{local}.x@gmail.com", f"{local}x@gmail.com"):
             assert (await send_link(api, project, address)).status == 200
