@@ -103,6 +103,8 @@ async def insert_tuples(conn: asyncpg.Connection, store_id: str, items: list[Tup
 
 
 _OUTCOME_COLUMNS: Final = "store_id, write_key, request_hash, revision, written, deleted"
+WRITES_KEY: Final = "tuple_writes_pkey"
+"""The constraint that holds one outcome per (store, key)."""
 
 
 async def record_changes(conn: asyncpg.Connection, store_id: str, revision: int,

@@ -141,7 +141,21 @@ class _Write:
 
     async def run(self, conn: asyncpg.Connection) -> tuple[Written, bool]:
         """One transaction: the recorded outcome of the key, or the write and its record.
-        Raises CommitInDoubt when the connection is lost while committing."""
+        Raises CommitInDoubt when the connection is lost while committing.
+
+        Two requests with one key at once (a client retrying before its first try was
+        answered): the second waits for the store lock, and the row lock's re-check (READ
+        COMMITTED) does not show it the outcome the first committed meanwhile, so its own record
+        meets the first's. Its transaction is rolled back and run once more, and that statement's
+        new snapshot answers the first's outcome."""
+        try:
+            return await self._once(conn)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name != repository.WRITES_KEY:
+                raise
+        return await self._once(conn)
+
+    async def _once(self, conn: asyncpg.Connection) -> tuple[Written, bool]:
         store_id, body = self.store_id, self.body
         async with transaction(conn):
             locked = await repository.lock_revision(conn, self.project_id, store_id, self.key)
@@ -166,7 +180,6 @@ class _Write:
                 if self.keyed:
                     await repository.record_write(conn, store_id, self.key, self.request, outcome)
         return outcome, False
-
 
     async def _audit(self, conn: asyncpg.Connection, outcome: Written,
                      applied: list[tuple[str, asyncpg.Record]]) -> None:

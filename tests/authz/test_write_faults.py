@@ -274,6 +274,24 @@ async def test_idempotency_key_replays_the_first_answer(project: Project) -> Non
     assert replay.headers["Idempotent-Replayed"] == "true"
 
 
+async def test_concurrent_writes_with_one_key_take_effect_once(project: Project) -> None:
+    """A client that retries before its first try was answered sends the same key twice at once.
+    Before: the second waited for the store lock, did not see the key the first had just
+    committed, and failed on it with a 500. Now exactly one write takes effect and every other
+    answers its outcome, replayed; the same holds for a write that changes nothing."""
+    store = await new_store(project)
+    for body in ({"writes": [tk("doc:1"), tk("doc:2")]}, {"deletes": [tk("doc:absent")]}):
+        key = secrets.token_hex(8)
+        answers = await asyncio.gather(*(write(project.api, store, body, key) for _ in range(8)))
+        assert [r.status for r in answers] == [200] * 8, [r.body for r in answers]
+        outcomes = {(r.body["written"], r.body["deleted"], r.body["revision"]) for r in answers}
+        assert len(outcomes) == 1, outcomes
+        replayed = [r.headers.get("Idempotent-Replayed") == "true" for r in answers]
+        assert replayed.count(False) == 1, replayed
+    r = await project.api.get(f"/v1/stores/{store}/tuples")
+    assert [t["object"] for t in r.body["data"]] == ["doc:1", "doc:2"]
+
+
 async def test_idempotency_key_reused_for_another_write_is_refused(project: Project) -> None:
     store, key = await new_store(project), secrets.token_hex(8)
     assert (await write(project.api, store, {"writes": [tk("doc:1")]}, key)).status == 200
