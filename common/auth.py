@@ -24,7 +24,7 @@ import asyncpg
 from opentelemetry import trace
 from redis.asyncio import Redis
 
-from common.db import is_connection_error
+from common.db import DatabaseUnresponsive, is_connection_error
 from common.errors import InsufficientScope, InvalidApiKey, MissingApiKey
 
 log = logging.getLogger("authio.auth")
@@ -101,6 +101,9 @@ WHERE k.secret_hash = $1 AND k.revoked_at IS NULL
 STALE_GRACE_SECONDS: Final = 300.0
 """During a PostgreSQL outage, keys confirmed by PostgreSQL at most this long before the outage
 began keep working."""
+LOOKUP_WAIT_SECONDS: Final = 1.0
+"""How long a request waits for a key's lookup before PostgreSQL counts as away for it (a server
+that is stopped or cut off answers nothing, and the pool's own timeouts are far longer)."""
 
 
 class ApiKeyAuthenticator:
@@ -114,27 +117,30 @@ class ApiKeyAuthenticator:
     was in flight when ``invalidate`` or ``clear`` ran is never cached, so a revocation cannot be
     undone by a slow reply.
 
-    **PostgreSQL away.** When a lookup fails because PostgreSQL cannot be reached, a key this
-    process knows (confirmed at most ``stale_grace_seconds`` before the outage began, and not
-    invalidated since) is served as it was, and PostgreSQL is asked again once per TTL, in the
-    background: no request waits on a database known to be away. An engine thus keeps answering
-    checks from memory. A key it does not know cannot be told valid or not: the lookup's error
-    stands (503 ``db_unavailable``, never 401). Revocations still win the moment they are seen:
-    a revocation on Redis drops the key (``invalidate``), as does a lookup once PostgreSQL
-    answers again.
+    **PostgreSQL away.** When a lookup fails because PostgreSQL cannot be reached, or gives no
+    answer within ``lookup_wait_seconds`` (the query goes on in the background and its answer is
+    still taken), a key this process knows (confirmed at most ``stale_grace_seconds`` before the
+    outage began, and not invalidated since) is served as it was, and PostgreSQL is asked again
+    once per TTL, in the background: no request waits on a database known to be away. An engine
+    thus keeps answering checks from memory. A key it does not know cannot be told valid or not:
+    the lookup's error stands (503 ``db_unavailable``, never 401). Revocations still win the
+    moment they are seen: a revocation on Redis drops the key (``invalidate``), as does a lookup
+    once PostgreSQL answers again.
     """
 
     def __init__(self, pool: asyncpg.Pool, *, ttl_seconds: float, maxsize: int = 100_000,
                  unknown_maxsize: int = 10_000,
-                 stale_grace_seconds: float = STALE_GRACE_SECONDS) -> None:
+                 stale_grace_seconds: float = STALE_GRACE_SECONDS,
+                 lookup_wait_seconds: float = LOOKUP_WAIT_SECONDS) -> None:
         self._pool = pool
         self._ttl = ttl_seconds
+        self._lookup_wait = lookup_wait_seconds
         self._maxsize = maxsize
         self._unknown_maxsize = unknown_maxsize
         self._stale_grace = stale_grace_seconds
         self._known: dict[str, tuple[float, Principal, float]] = {}
         self._unknown: dict[str, float] = {}
-        self._inflight: dict[str, asyncio.Future[Principal | None]] = {}
+        self._inflight: dict[str, asyncio.Task[Principal | None]] = {}
         self._generation = 0  # bumped by every invalidation
         self._outage_since: float | None = None  # the first failed lookup since the last answer
         self._background: set[asyncio.Task[None]] = set()
@@ -188,38 +194,44 @@ class ApiKeyAuthenticator:
             await self._load(digest)
 
     async def _load(self, digest: str) -> Principal | None:
-        pending = self._inflight.get(digest)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
-        self._inflight[digest] = fut
-        generation, started = self._generation, time.monotonic()
+        """The key's principal (None: unknown or revoked) by one lookup shared by every request
+        asking meanwhile, waited for at most ``lookup_wait_seconds``; on a connection error or
+        no answer in time, the known principal standing in, else the error."""
+        started = time.monotonic()
+        lookup = self._inflight.get(digest)
+        if lookup is None:
+            lookup = asyncio.create_task(self._lookup(digest, self._generation, started))
+            self._inflight[digest] = lookup
+            lookup.add_done_callback(lambda done: self._lookup_done(digest, done))
         try:
-            try:
-                row = await self._pool.fetchrow(_LOOKUP_SQL, digest)
-            except Exception as exc:
-                stale = self._stand_in(digest, exc, started)
-                if stale is None:
-                    raise
-                fut.set_result(stale)
-                return stale
-            self._outage_since = None
-            principal = (
-                None if row is None
-                else Principal(row["id"], row["project_id"], row["tenant_id"],
-                               frozenset(row["scopes"]), row["prefix"])
-            )
-            if generation == self._generation:
-                self._remember(digest, principal, started + self._ttl, started)
-            fut.set_result(principal)
-            return principal
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()  # mark retrieved when nobody else waits
-            raise
-        finally:
-            if self._inflight.get(digest) is fut:
-                del self._inflight[digest]
+            async with asyncio.timeout(self._lookup_wait):
+                return await asyncio.shield(lookup)
+        except Exception as exc:
+            error = exc if lookup.done() else DatabaseUnresponsive(
+                f"the API-key lookup got no answer within {self._lookup_wait} s")
+        stale = self._stand_in(digest, error, started)
+        if stale is None:
+            raise error
+        return stale
+
+    async def _lookup(self, digest: str, generation: int, started: float) -> Principal | None:
+        """Ask PostgreSQL; remember the answer unless an invalidation came meanwhile."""
+        row = await self._pool.fetchrow(_LOOKUP_SQL, digest)
+        self._outage_since = None
+        principal = (
+            None if row is None
+            else Principal(row["id"], row["project_id"], row["tenant_id"],
+                           frozenset(row["scopes"]), row["prefix"])
+        )
+        if generation == self._generation:
+            self._remember(digest, principal, started + self._ttl, started)
+        return principal
+
+    def _lookup_done(self, digest: str, lookup: asyncio.Task[Principal | None]) -> None:
+        if self._inflight.get(digest) is lookup:
+            del self._inflight[digest]
+        if not lookup.cancelled():
+            lookup.exception()  # retrieved: whoever waited saw it, or stopped waiting
 
     def _stand_in(self, digest: str, exc: Exception, started: float) -> Principal | None:
         """After a failed lookup: the known principal to serve instead, when PostgreSQL is away
@@ -248,15 +260,20 @@ class ApiKeyAuthenticator:
             self._known[digest] = (expires, principal, confirmed)
 
     def invalidate(self, digest: str) -> None:
-        """Forget one key (called on a revocation message); later requests look it up afresh."""
+        """Forget one key (called on a revocation message); later requests look it up afresh,
+        and it no longer stands in for PostgreSQL."""
         self._generation += 1
         self._known.pop(digest, None)
         self._inflight.pop(digest, None)
 
     def clear(self) -> None:
-        """Forget every key (called when the revocation feed may have missed messages)."""
+        """Look every key up afresh (called when the revocation feed may have missed messages):
+        every cached answer expires at once. Known keys are expired, not forgotten: a revocation
+        missed is no revocation seen, so while PostgreSQL is away they still stand in for it
+        (a feed that reconnects during a database outage must not turn checks into 503s)."""
         self._generation += 1
-        self._known.clear()
+        self._known = {digest: (0.0, principal, confirmed)
+                       for digest, (_, principal, confirmed) in self._known.items()}
         self._unknown.clear()
         self._inflight.clear()
 

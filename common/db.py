@@ -32,11 +32,21 @@ def is_connection_error(exc: BaseException) -> bool:
         | pg.CannotConnectNowError
         | pg.TooManyConnectionsError
         | pg.ConnectionDoesNotExistError
+        | DatabaseUnresponsive
         # AdminShutdownError, CrashShutdownError: in-flight queries when the server stops.
         | pg.OperatorInterventionError,
     ) or (isinstance(exc, pg.InterfaceError) and "connection is closed" in str(exc)) or (
         isinstance(exc, OSError) and exc.errno is not None
     )
+
+
+class DatabaseUnresponsive(TimeoutError):
+    """PostgreSQL did not answer in time: a connection was not accepted within the pool's
+    connect timeout, or a statement got no answer within its command timeout (a server that is
+    stopped, overloaded or cut off by the network without closing the socket). A lost connection
+    for :func:`is_connection_error`: 503 ``db_unavailable``, never a 500 after a minute. A
+    statement that timed out is cancelled by asyncpg, and its connection closed when the cancel
+    cannot be delivered either."""
 
 
 class CommitInDoubt(pg.ConnectionDoesNotExistError):  # type: ignore[misc]
@@ -108,6 +118,8 @@ class PooledConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
             return await super().execute(*args, **kwargs)
         except pg.InternalClientError as exc:
             raise self._lost(exc) from exc
+        except TimeoutError as exc:
+            raise _unanswered(exc) from exc
 
     async def _execute(self, *args: Any, **kwargs: Any) -> Any:
         # Every statement with arguments and every fetch goes through here (asyncpg 0.2x-0.3x).
@@ -115,11 +127,30 @@ class PooledConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
             return await super()._execute(*args, **kwargs)
         except pg.InternalClientError as exc:
             raise self._lost(exc) from exc
+        except TimeoutError as exc:
+            raise _unanswered(exc) from exc
 
     def _lost(self, exc: pg.InternalClientError) -> pg.ConnectionDoesNotExistError:
         self.terminate()
         return pg.ConnectionDoesNotExistError(
             f"the connection to PostgreSQL is no longer usable ({exc}); it was closed")
+
+
+def _unanswered(exc: TimeoutError) -> DatabaseUnresponsive:
+    """asyncpg's command timeout (a plain ``TimeoutError``, raised inside the statement call, so
+    never a caller's own ``asyncio.timeout``) as what it means here."""
+    if isinstance(exc, DatabaseUnresponsive):
+        return exc
+    return DatabaseUnresponsive("PostgreSQL did not answer the statement in time")
+
+
+async def _connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:
+    """``asyncpg.connect`` for the pool, its connect timeout raised as DatabaseUnresponsive."""
+    try:
+        return await asyncpg.connect(*args, **kwargs)
+    except TimeoutError as exc:
+        raise DatabaseUnresponsive(
+            f"PostgreSQL did not accept a connection within {kwargs.get('timeout')} s") from exc
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -129,14 +160,18 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def create_pool(dsn: str, *, max_size: int, min_size: int = 1) -> asyncpg.Pool:
-    """A pool whose connections decode ``jsonb`` with orjson.
+async def create_pool(dsn: str, *, max_size: int, min_size: int = 1,
+                      connect_timeout: float = 5.0, command_timeout: float = 30.0) -> asyncpg.Pool:
+    """A pool of :class:`PooledConnection` whose connections decode ``jsonb`` with orjson.
 
-    Raises OSError or asyncpg errors when PostgreSQL cannot be reached.
+    ``connect_timeout`` bounds opening a connection and ``command_timeout`` every statement
+    (seconds); either one running out raises :class:`DatabaseUnresponsive`. Raises OSError or
+    asyncpg errors when PostgreSQL cannot be reached.
     """
     pool = await asyncpg.create_pool(
         dsn, min_size=min(min_size, max_size), max_size=max_size, init=_init_connection,
-        command_timeout=60, connection_class=PooledConnection,
+        connect=_connect, timeout=connect_timeout, command_timeout=command_timeout,
+        connection_class=PooledConnection,
     )
     assert pool is not None
     return pool

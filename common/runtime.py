@@ -63,7 +63,9 @@ def install_resources(app: web.Application) -> None:
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    pool = await create_pool(settings.database_url, max_size=settings.pg_pool_max)
+    pool = await create_pool(settings.database_url, max_size=settings.pg_pool_max,
+                             connect_timeout=settings.pg_connect_timeout_seconds,
+                             command_timeout=settings.pg_command_timeout_seconds)
     redis = create_redis(settings.redis_url)
     auth = ApiKeyAuthenticator(pool, ttl_seconds=settings.api_key_cache_seconds)
     app[PG_POOL], app[REDIS], app[AUTHENTICATOR] = pool, redis, auth

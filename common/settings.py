@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     pg_pool_max: Annotated[int, Field(ge=1, le=1000)] = Field(
         10, validation_alias=_env("SERVICE_PG_POOL_MAX")
     )
+    pg_connect_timeout_seconds: Annotated[float, Field(gt=0, le=300)] = Field(
+        5.0, validation_alias=_env("SERVICE_PG_CONNECT_TIMEOUT_SECONDS")
+    )
+    pg_command_timeout_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
+        30.0, validation_alias=_env("SERVICE_PG_COMMAND_TIMEOUT_SECONDS")
+    )
     api_key_cache_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
         1.0, validation_alias=_env("SERVICE_API_KEY_CACHE_SECONDS")
     )

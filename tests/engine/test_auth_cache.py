@@ -18,6 +18,7 @@ import asyncpg
 import pytest
 
 from common.auth import ApiKeyAuthenticator, hash_secret
+from common.db import DatabaseUnresponsive
 from common.errors import InvalidApiKey
 from tests.fixtures.service import Project
 
@@ -154,3 +155,43 @@ async def test_only_keys_known_shortly_before_the_outage_stand_in() -> None:
     pool.down = True
     with pytest.raises(ConnectionRefusedError):
         await auth.authenticate(f"Bearer {KEY}")
+
+
+async def test_a_resubscription_looks_keys_up_again_but_keeps_them_as_stand_ins() -> None:
+    """``clear()`` runs when the revocation feed reconnects (it may have missed messages). Before:
+    it forgot every key, so a feed reconnecting during a PostgreSQL outage turned every check
+    into a 503. Now every key is looked up afresh, and known ones still stand in."""
+    pool = FlakyPool()
+    pool.add(KEY, "key_a")
+    auth = ApiKeyAuthenticator(pool, ttl_seconds=600)  # type: ignore[arg-type]
+    await auth.authenticate(f"Bearer {KEY}")
+    auth.clear()
+    await auth.authenticate(f"Bearer {KEY}")
+    assert pool.calls == 2  # looked up again at once, long before the TTL
+    pool.down = True
+    auth.clear()
+    assert (await auth.authenticate(f"Bearer {KEY}")).key_id == "key_a"
+    assert auth.outage and pool.calls == 3
+
+
+async def test_a_lookup_without_an_answer_is_waited_for_briefly() -> None:
+    """A stopped or cut-off PostgreSQL answers nothing (tests/engine/test_engine_outage.py runs
+    one for real): a request waits ``lookup_wait_seconds`` for the lookup, then a known key
+    stands in and an unknown one is DatabaseUnresponsive (503); the query goes on, and its late
+    answer is taken."""
+    pool = FlakyPool()
+    pool.add(KEY, "key_a")
+    pool.add(OTHER, "key_b")
+    auth = ApiKeyAuthenticator(pool, ttl_seconds=0.05, lookup_wait_seconds=0.1)  # type: ignore[arg-type]
+    await auth.authenticate(f"Bearer {KEY}")
+    pool.hang = asyncio.Event()
+    await asyncio.sleep(0.06)
+    async with asyncio.timeout(0.5):
+        assert (await auth.authenticate(f"Bearer {KEY}")).key_id == "key_a"
+        with pytest.raises(DatabaseUnresponsive):
+            await auth.authenticate(f"Bearer {OTHER}")
+    assert auth.outage
+    pool.hang.set()  # PostgreSQL answers at last
+    await asyncio.sleep(0.01)
+    assert not auth.outage
+    assert (await auth.authenticate(f"Bearer {OTHER}")).key_id == "key_b"

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from aiohttp import ClientSession
 from redis.asyncio import Redis
@@ -27,6 +28,7 @@ from control_plane.app import create_control_plane_app
 from control_plane.migrate import upgrade
 from devtools import ensure_services, remove_private, stop_private
 from engine.app import create_engine_app
+from tests.fixtures.peers import StallingProxy
 from tests.fixtures.service import (
     Api,
     Response,
@@ -133,6 +135,65 @@ async def test_checks_outlive_a_postgres_outage(
         await redis.aclose()
         await asyncio.to_thread(remove_private, run_dir, log=lambda _: None)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+async def test_checks_and_answers_outlive_an_unresponsive_postgres(
+    settings_factory: Callable[..., Settings], http: ClientSession, database_url: str,
+) -> None:
+    """PostgreSQL that answers nothing: stopped (SIGSTOP), or cut off by the network without a
+    reset, held here by a proxy that stalls every byte both ways while connections stay open.
+    Before: every request waited for asyncpg's 60 s command timeout and then answered 500, and
+    the engine's key lookups waited as long, so checks stopped. Now a known key stands in after
+    a short wait and checks go on, an unknown key is 503, and a control-plane call is 503
+    ``db_unavailable`` with ``Retry-After`` once its statement's timeout runs out; when
+    PostgreSQL answers again, so does everything, by itself."""
+    upstream = urlsplit(database_url)
+    async with StallingProxy(upstream.hostname or "127.0.0.1", upstream.port or 5432) as proxy:
+        netloc = f"{upstream.username}@127.0.0.1:{proxy.port}" if upstream.username else \
+            f"127.0.0.1:{proxy.port}"
+        settings = settings_factory(
+            database_url=urlunsplit(upstream._replace(netloc=netloc)), api_key_cache_seconds=TTL,
+            pg_connect_timeout_seconds=1.0, pg_command_timeout_seconds=1.0)
+        async with serving(http, create_control_plane_app(settings)) as cp, \
+                serving(http, create_engine_app(settings)) as engine:
+            project = await bootstrap_project(cp, "engine-unresponsive")
+            store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
+            written = await project.api.post(f"/v1/stores/{store}/write",
+                                             {"writes": [tk("doc:1")]})
+            r = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "unseen",
+                                                        "scopes": ["authz:check"]})
+            unseen = r.body["secret"]
+            r = await check(engine, store, "doc:1", project.key, written.body["revision"])
+            assert (r.status, r.body["allowed"]) == (200, True), r.body
+
+            proxy.stall()
+            try:
+                await asyncio.sleep(2 * TTL)  # the key's cache entry has expired
+                for _ in range(3):
+                    started = time.monotonic()
+                    r = await check(engine, store, "doc:1", project.key)
+                    assert (r.status, r.body.get("allowed")) == (200, True), r.body
+                    assert time.monotonic() - started < 3
+                started = time.monotonic()
+                r = await check(engine, store, "doc:1", unseen)
+                assert_error(r, 503, "db_unavailable")
+                assert r.headers["Retry-After"] == "1"
+                assert time.monotonic() - started < 3
+                for call in (project.api.get(f"/v1/stores/{store}"),
+                             project.api.post(f"/v1/stores/{store}/write",
+                                              {"writes": [tk("doc:3")]})):
+                    started = time.monotonic()
+                    r = await call
+                    assert_error(r, 503, "db_unavailable")
+                    assert r.headers["Retry-After"] == "1"
+                    assert time.monotonic() - started < 10
+            finally:
+                proxy.resume()
+
+            await eventually(lambda: _fresh(engine, store, unseen), within=20,
+                             what="a key the engine never saw accepted again")
+            r = await project.api.get(f"/v1/stores/{store}")
+            assert r.status == 200, r.body
 
 
 def assert_fresh(r: Response) -> None:
