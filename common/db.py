@@ -116,32 +116,28 @@ class PooledConnection(asyncpg.Connection):  # type: ignore[misc]  # asyncpg shi
         # Statements without arguments (BEGIN, COMMIT, ROLLBACK) go through here alone.
         try:
             return await super().execute(*args, **kwargs)
-        except pg.InternalClientError as exc:
-            raise self._lost(exc) from exc
-        except TimeoutError as exc:
-            raise _unanswered(exc) from exc
+        except (pg.InternalClientError, TimeoutError) as exc:
+            raise self._meaning(exc) from exc
 
     async def _execute(self, *args: Any, **kwargs: Any) -> Any:
         # Every statement with arguments and every fetch goes through here (asyncpg 0.2x-0.3x).
         try:
             return await super()._execute(*args, **kwargs)
-        except pg.InternalClientError as exc:
-            raise self._lost(exc) from exc
-        except TimeoutError as exc:
-            raise _unanswered(exc) from exc
+        except (pg.InternalClientError, TimeoutError) as exc:
+            raise self._meaning(exc) from exc
 
-    def _lost(self, exc: pg.InternalClientError) -> pg.ConnectionDoesNotExistError:
+    def _meaning(self, exc: Exception) -> Exception:
+        """A broken protocol state ends the connection and is a lost connection; asyncpg's
+        command timeout (a plain ``TimeoutError`` raised inside the statement call, so never a
+        caller's own ``asyncio.timeout``) is DatabaseUnresponsive."""
+        if isinstance(exc, DatabaseUnresponsive):
+            return exc
+        if isinstance(exc, TimeoutError):
+            return DatabaseUnresponsive("PostgreSQL did not answer the statement in time")
         self.terminate()
-        return pg.ConnectionDoesNotExistError(
+        lost: Exception = pg.ConnectionDoesNotExistError(
             f"the connection to PostgreSQL is no longer usable ({exc}); it was closed")
-
-
-def _unanswered(exc: TimeoutError) -> DatabaseUnresponsive:
-    """asyncpg's command timeout (a plain ``TimeoutError``, raised inside the statement call, so
-    never a caller's own ``asyncio.timeout``) as what it means here."""
-    if isinstance(exc, DatabaseUnresponsive):
-        return exc
-    return DatabaseUnresponsive("PostgreSQL did not answer the statement in time")
+        return lost
 
 
 async def _connect(*args: Any, **kwargs: Any) -> asyncpg.Connection:

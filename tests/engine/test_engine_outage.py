@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from aiohttp import ClientSession
 from redis.asyncio import Redis
@@ -29,6 +29,7 @@ from control_plane.migrate import upgrade
 from devtools import ensure_services, remove_private, stop_private
 from engine.app import create_engine_app
 from tests.fixtures.peers import StallingProxy
+from tests.fixtures.pgproxy import through
 from tests.fixtures.service import (
     Api,
     Response,
@@ -44,6 +45,14 @@ TTL = 0.3  # the API-key cache lifetime of this test: an outage outlasts it many
 
 def tk(obj: str) -> dict[str, str]:
     return {"object": obj, "relation": "viewer", "user": "user:ann"}
+
+
+async def store_with_doc(api: Api) -> tuple[str, int]:
+    """A new store holding ``doc:1#viewer@user:ann``: its id and the revision of that write."""
+    store = (await api.post("/v1/stores", {"name": "s"})).body["id"]
+    written = await api.post(f"/v1/stores/{store}/write", {"writes": [tk("doc:1")]})
+    assert written.status == 200, written.body
+    return str(store), int(written.body["revision"])
 
 
 async def check(engine: Api, store: str, obj: str, key: str, at_least: int | None = None) -> Response:
@@ -73,10 +82,7 @@ async def test_checks_outlive_a_postgres_outage(
         async with serving(http, create_control_plane_app(settings)) as cp, \
                 serving(http, create_engine_app(settings)) as engine:
             project = await bootstrap_project(cp, "engine-outage")
-            store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
-            written = await project.api.post(f"/v1/stores/{store}/write",
-                                             {"writes": [tk("doc:1")]})
-            revision = written.body["revision"]
+            store, revision = await store_with_doc(project.api)
             keys = {}
             for name in ("doomed", "unseen"):
                 r = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": name,
@@ -149,21 +155,17 @@ async def test_checks_and_answers_outlive_an_unresponsive_postgres(
     PostgreSQL answers again, so does everything, by itself."""
     upstream = urlsplit(database_url)
     async with StallingProxy(upstream.hostname or "127.0.0.1", upstream.port or 5432) as proxy:
-        netloc = f"{upstream.username}@127.0.0.1:{proxy.port}" if upstream.username else \
-            f"127.0.0.1:{proxy.port}"
         settings = settings_factory(
-            database_url=urlunsplit(upstream._replace(netloc=netloc)), api_key_cache_seconds=TTL,
+            database_url=through(database_url, proxy.port), api_key_cache_seconds=TTL,
             pg_connect_timeout_seconds=1.0, pg_command_timeout_seconds=1.0)
         async with serving(http, create_control_plane_app(settings)) as cp, \
                 serving(http, create_engine_app(settings)) as engine:
             project = await bootstrap_project(cp, "engine-unresponsive")
-            store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
-            written = await project.api.post(f"/v1/stores/{store}/write",
-                                             {"writes": [tk("doc:1")]})
+            store, revision = await store_with_doc(project.api)
             r = await project.api.post("/v1/api-keys", {"prefix": "sk_test_", "name": "unseen",
                                                         "scopes": ["authz:check"]})
             unseen = r.body["secret"]
-            r = await check(engine, store, "doc:1", project.key, written.body["revision"])
+            r = await check(engine, store, "doc:1", project.key, revision)
             assert (r.status, r.body["allowed"]) == (200, True), r.body
 
             proxy.stall()
