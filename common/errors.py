@@ -285,3 +285,20 @@ class DomainInUse(ServiceError):
 
     code, status, default_message = (
         "domain_in_use", 409, "Another project already uses that domain.")
+
+
+class UnknownOrExpiredChallenge(ServiceError):
+    """A WebAuthn verify whose challenge (found by its value in ``clientDataJSON``) is unknown,
+    already spent, expired, of the other ceremony or of another user."""
+
+    code, status, default_message = (
+        "unknown_or_expired_challenge", 400,
+        "The challenge is unknown, already used or expired; ask for new options.")
+
+
+class VerificationFailed(ServiceError):
+    """A WebAuthn response that does not verify: signature, origin, relying-party id, user
+    verification, type, an unknown or deleted credential, or a sign count that went backwards."""
+
+    code, status, default_message = (
+        "verification_failed", 400, "The passkey response could not be verified.")

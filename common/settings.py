@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     magic_link_ttl_seconds: Annotated[int, Field(ge=60, le=86_400)] = Field(
         900, validation_alias=_env("SERVICE_MAGIC_LINK_TTL_SECONDS")
     )
+    webauthn_challenge_ttl_seconds: Annotated[int, Field(ge=30, le=3600)] = Field(
+        300, validation_alias=_env("SERVICE_WEBAUTHN_CHALLENGE_TTL_SECONDS")
+    )
     invitation_ttl_seconds: Annotated[int, Field(ge=300, le=90 * 86_400)] = Field(
         7 * 86_400, validation_alias=_env("SERVICE_INVITATION_TTL_SECONDS")
     )
