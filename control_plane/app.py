@@ -44,6 +44,8 @@ from control_plane.messages import endpoints as messages
 from control_plane.messages import tasks as message_tasks
 from control_plane.messages.senders import ConsoleSink, uses_console
 from control_plane.organizations import endpoints as organizations
+from control_plane.passkeys import endpoints as passkeys
+from control_plane.passkeys import tasks as passkey_tasks
 from control_plane.sessions import endpoints as sessions
 from control_plane.sessions import tasks as session_tasks
 from control_plane.sessions.tokens import TokenService
@@ -63,10 +65,11 @@ DESCRIPTION: Final = (
     "errors are {\"error\": {\"code\", \"message\", \"details\"}, \"request_id\"}."
 )
 ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.routes,
-                 sessions.routes, magic_links.routes, signing_keys.routes, audit.routes)
+                 sessions.routes, magic_links.routes, passkeys.routes, signing_keys.routes,
+                 audit.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
-    session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers,
+    session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,
 )
 meta_routes = RouteTable("meta", "This document.")
 

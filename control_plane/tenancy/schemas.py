@@ -12,6 +12,7 @@ from pydantic import AfterValidator, Field, WithJsonSchema, field_validator
 from common.access_tokens import Alg
 from common.auth import SCOPES
 from common.schemas import DisplayName, RequestModel
+from control_plane.passkeys.schemas import WebAuthnConfig, WebAuthnSettings
 
 MAX_DOMAINS: Final = 100
 _LABEL_RE: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
@@ -70,8 +71,9 @@ class NewApiKey(ApiKey):
 
 @dataclass(frozen=True, slots=True)
 class Project:
-    """The calling key's project: its token settings (``signing_alg``) and the ``domains`` that
-    name it on public endpoints, sorted."""
+    """The calling key's project: its token settings (``signing_alg``), the ``domains`` that
+    name it on public endpoints, sorted, and its passkey relying party (``webauthn``; null
+    while passkeys are not configured)."""
 
     id: str
     name: str
@@ -80,6 +82,7 @@ class Project:
     created_at: datetime
     signing_alg: Alg
     domains: list[str]
+    webauthn: WebAuthnSettings | None
 
 
 def normalize_domain(value: str) -> str:
@@ -121,11 +124,13 @@ Domain = Annotated[str, WithJsonSchema({
 
 
 class PatchProject(RequestModel):
-    """``signing_alg`` (a change rotates to a key of that algorithm at once) and ``domains``
-    (host names; replaces the set; a domain belongs to one project only)."""
+    """``signing_alg`` (a change rotates to a key of that algorithm at once), ``domains``
+    (host names; replaces the set; a domain belongs to one project only) and ``webauthn`` (the
+    passkey relying party; replaces it)."""
 
     signing_alg: Alg | None = None
     domains: Annotated[list[Domain], Field(max_length=MAX_DOMAINS)] | None = None
+    webauthn: WebAuthnConfig | None = None
 
     @field_validator("domains")
     @classmethod

@@ -19,6 +19,7 @@ from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
+from control_plane.passkeys import service as passkeys
 from control_plane.sessions import service as sessions
 from control_plane.signing_keys import service as signing_keys
 from control_plane.tenancy import repository
@@ -145,8 +146,9 @@ async def update_project(
 ) -> dict[str, Any]:
     """Apply ``body`` to the actor's project in one transaction: replace its domain set, change
     ``signing_alg`` (rotating to a key of the new algorithm, ``signing_key.rotated``), and record
-    ``project.updated`` with what changed (nothing changed: no event). Returns the changes
-    (``domains: {added, removed}``, ``signing_alg: {from, to, kid}``).
+    ``project.updated`` with what changed (nothing changed: no event), set the passkey relying
+    party (``webauthn``). Returns the changes (``domains: {added, removed}``,
+    ``signing_alg: {from, to, kid}``, ``webauthn: {from, to}``).
 
     Raises DomainInUse (409) when another project has one of the domains.
     """
@@ -174,6 +176,10 @@ async def update_project(
                 alg=body.signing_alg, reason="signing_alg_changed",
             )
             changes["signing_alg"] = {"from": current, "to": body.signing_alg, "kid": key.kid}
+        if body.webauthn is not None:
+            changed = await passkeys.configure(conn, actor, config=body.webauthn)
+            if changed is not None:
+                changes["webauthn"] = changed
         if changes:
             await audit.record(
                 conn, actor, action="project.updated", target_type="project",
