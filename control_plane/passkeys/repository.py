@@ -67,18 +67,29 @@ DELETE FROM webauthn_challenges WHERE challenge_hash = $1
 RETURNING project_id, ceremony, user_id, name, user_verification, expires_at <= now() AS expired"""
 """Spend the challenge of digest ``$1`` (single use, whatever the verify's outcome)."""
 
-SPEND_FOR_LOGIN: Final = """
-WITH c AS (
-    DELETE FROM webauthn_challenges WHERE challenge_hash = $1
-    RETURNING project_id, ceremony, user_id, user_verification, expires_at <= now() AS expired
-)
-SELECT c.*, w.rp_id, w.origins, k.id AS passkey_id, k.user_id AS passkey_user_id,
-       k.public_key, k.sign_count
-FROM c
+READ_FOR_LOGIN: Final = """
+SELECT c.project_id, c.ceremony, c.user_id, c.user_verification, c.expires_at <= now() AS expired,
+       w.rp_id, w.origins, k.id AS passkey_id, k.user_id AS passkey_user_id, k.public_key,
+       k.sign_count
+FROM webauthn_challenges c
 LEFT JOIN webauthn_settings w ON w.project_id = $2
-LEFT JOIN passkeys k ON k.project_id = $2 AND k.credential_id = $3"""
-"""A login verify's one read: spend the challenge of digest ``$1``, and read the project ``$2``'s
-relying party and its credential ``$3``. No row: the challenge is unknown."""
+LEFT JOIN passkeys k ON k.project_id = $2 AND k.credential_id = $3
+WHERE c.challenge_hash = $1"""
+"""A login verify's one read: the challenge of digest ``$1``, the project ``$2``'s relying party
+and its credential ``$3``. No row: the challenge is unknown (or spent). The challenge is spent by
+the sign-in statement (:func:`passkey_head`) or by :data:`SPEND_CHALLENGE` on a refusal."""
+
+ISSUE_LOGIN_CHALLENGE: Final = """
+WITH w AS (SELECT rp_id, user_verification FROM webauthn_settings WHERE project_id = $4),
+i AS (
+    INSERT INTO webauthn_challenges (challenge_hash, project_id, ceremony, user_id,
+                                     user_verification, expires_at)
+    SELECT $1, $4, 'authentication', $2, w.user_verification, now() + $3::interval FROM w
+)
+SELECT rp_id, user_verification FROM w"""
+"""Store the login challenge of digest ``$1`` (for user ``$2`` or anyone, ``$3`` to live) in the
+project ``$4`` with the project's user verification, answering its relying-party id and user
+verification; no row when the project has no relying party."""
 
 PURGE: Final = """
 DELETE FROM webauthn_challenges WHERE challenge_hash IN (
@@ -156,15 +167,22 @@ async def user_names(conn: asyncpg.Connection, project_id: str,
 
 
 def passkey_head(p: Params) -> str:
-    """Sign-in head of a verified passkey assertion: the credential's ``sign_count``,
-    ``backup_state`` and ``last_used_at`` are updated only while the credential still exists
-    for this user and its counter has not moved past the one verified (a counting credential's
-    count must grow; a racing login with the same count loses), then the user's row. Parameters
-    ``passkey_id``, ``sign_count``, ``backup_state``. Gate ``", t"``."""
-    return f"""t AS (
+    """Sign-in head of a verified passkey assertion: the challenge is spent (deleted whatever
+    else happens; a concurrent verify of the same challenge finds it gone), and only if this
+    statement spent it, the credential's ``sign_count``, ``backup_state`` and ``last_used_at``
+    are updated, while the credential still exists for this user and its counter has not moved
+    past the one verified (a counting credential's count must grow; a racing login with the
+    same count loses); then the user's row. Parameters ``challenge_hash``, ``passkey_id``,
+    ``sign_count``, ``backup_state``. Gate ``", t"``."""
+    return f"""c AS (
+    DELETE FROM webauthn_challenges
+    WHERE challenge_hash = {p['challenge_hash']} AND expires_at > now()
+    RETURNING 1
+), t AS (
     UPDATE passkeys SET sign_count = {p['sign_count']}, backup_state = {p['backup_state']},
                         last_used_at = now()
     WHERE id = {p['passkey_id']} AND user_id = {p['user_id']}
       AND ({p['sign_count']}::bigint = 0 OR sign_count < {p['sign_count']}::bigint)
+      AND EXISTS (SELECT 1 FROM c)
     RETURNING id
 ), {sessions.user_update(p, condition='AND EXISTS (SELECT 1 FROM t)')}"""

@@ -17,9 +17,10 @@ credential's counter update, the session and ``auth.signin_attempt`` commit in o
 from __future__ import annotations
 
 import hashlib
+import secrets
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import asyncpg
 from webauthn import (
@@ -42,6 +43,7 @@ from webauthn.helpers.structs import (
 from common.errors import (
     InvalidRequest,
     NotFound,
+    ServiceError,
     UnknownOrExpiredChallenge,
     UserNotFound,
     VerificationFailed,
@@ -63,6 +65,7 @@ from control_plane.users.schemas import User
 from control_plane.web.actor import Actor
 
 DEFAULT_NAME: Final = "Passkey"
+CHALLENGE_BYTES: Final = 32
 TIMEOUT_MS: Final = 300_000
 """The ``timeout`` hint of both ceremonies' options, in milliseconds."""
 REGISTRATION: Final = "registration"
@@ -249,17 +252,19 @@ async def authentication_options(conn: asyncpg.Connection, actor: Actor, *, emai
     InvalidRequest naming ``webauthn`` when the project has no relying party."""
     project_id = actor.project_id
     assert project_id is not None
-    rp = await _required(conn, project_id)
     user_id: str | None = None
     rows: list[asyncpg.Record] = []
     if email is not None:
         user_id, rows = await repository.credentials_by_email(conn, project_id, email)
+    challenge = secrets.token_bytes(CHALLENGE_BYTES)
+    rp = await conn.fetchrow(
+        repository.ISSUE_LOGIN_CHALLENGE, hashlib.sha256(challenge).digest(), user_id,
+        timedelta(seconds=settings.webauthn_challenge_ttl_seconds), project_id)
+    if rp is None:
+        raise _not_configured()
     options = generate_authentication_options(
-        rp_id=rp.rp_id, timeout=TIMEOUT_MS, allow_credentials=_descriptors(rows),
-        user_verification=_uv(rp.user_verification))
-    await _store_challenge(conn, settings, options.challenge, project_id=project_id,
-                           ceremony=AUTHENTICATION, user_id=user_id, name=None,
-                           user_verification=rp.user_verification)
+        rp_id=rp["rp_id"], challenge=challenge, timeout=TIMEOUT_MS,
+        allow_credentials=_descriptors(rows), user_verification=_uv(rp["user_verification"]))
     return dict(options_to_json_dict(options))
 
 
@@ -267,34 +272,40 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
                   credential: AuthenticationResponseBody, device: dict[str, Any],
                   settings: Settings, iat: int) -> SignIn:
     """Verify ``credential`` (an authentication response) in the actor's project and sign its
-    user in: the credential's counter and last use, the session, the user's
-    ``last_sign_in_at`` and ``auth.signin_attempt`` (method ``passkey``; ``device`` what the
-    client says of itself) in one statement; the organization is picked as for every sign-in.
-    A refusal once the challenge was found records a failed ``auth.signin_attempt``.
+    user in. One read finds the challenge, the relying party and the credential; after
+    py_webauthn verified the response, one statement spends the challenge, updates the
+    credential's counter and last use, and writes the session, the user's ``last_sign_in_at``
+    and ``auth.signin_attempt`` (method ``passkey``; ``device`` what the client says of
+    itself); the organization is picked as for every sign-in. A refusal spends the challenge
+    and, once the challenge was found, records a failed ``auth.signin_attempt``, in one
+    transaction. Two verifies of one challenge at once: one signs in, the other is refused.
 
     Raises UnknownOrExpiredChallenge, VerificationFailed, InvalidRequest naming ``webauthn``
     when the project has no relying party."""
     project_id = actor.project_id
     assert project_id is not None
+    challenge = _challenge_of(credential.response.clientDataJSON)
+    digest = hashlib.sha256(challenge).digest()
     attempt = {"method": "passkey", "device": device, "ip": actor.ip,
                "user_agent": actor.user_agent}
-    challenge = _challenge_of(credential.response.clientDataJSON)
-    raw_id = base64url_to_bytes(credential.rawId)
-    row = await conn.fetchrow(repository.SPEND_FOR_LOGIN, hashlib.sha256(challenge).digest(),
-                              project_id, raw_id)
-    if row is None or row["expired"] or row["ceremony"] != AUTHENTICATION \
-            or row["project_id"] != project_id:
+    row = await conn.fetchrow(repository.READ_FOR_LOGIN, digest, project_id,
+                              base64url_to_bytes(credential.rawId))
+    if row is None:
         raise UnknownOrExpiredChallenge()
+    if row["expired"] or row["ceremony"] != AUTHENTICATION or row["project_id"] != project_id:
+        ours = row["project_id"] == project_id
+        await _refused(conn, actor, attempt, digest, project_id if ours else None,
+                       row["user_id"] if ours else None, UnknownOrExpiredChallenge())
     if row["rp_id"] is None:
-        raise _not_configured()
+        await _refused(conn, actor, attempt, digest, None, None, _not_configured())
     user_id: str | None = row["passkey_user_id"]
     if row["user_id"] is not None and user_id is not None and row["user_id"] != user_id:
-        await _refused(conn, actor, attempt, project_id, row["user_id"], "unknown_or_expired_challenge")
-        raise UnknownOrExpiredChallenge("The challenge was issued for another user.")
+        await _refused(conn, actor, attempt, digest, project_id, row["user_id"],
+                       UnknownOrExpiredChallenge("The challenge was issued for another user."))
     if user_id is None:
-        await _refused(conn, actor, attempt, project_id, row["user_id"], "verification_failed",
-                       why="unknown_credential")
-        raise VerificationFailed("No passkey of this project has that credential id.")
+        await _refused(conn, actor, attempt, digest, project_id, row["user_id"],
+                       VerificationFailed("No passkey of this project has that credential id."))
+    assert user_id is not None
     handle = credential.response.userHandle
     try:
         if handle is not None and base64url_to_bytes(handle) != user_id.encode():
@@ -306,9 +317,8 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
             credential_current_sign_count=int(row["sign_count"]),
             require_user_verification=row["user_verification"] == "required")
     except (WebAuthnException, VerificationFailed) as exc:
-        await _refused(conn, actor, attempt, project_id, user_id, "verification_failed",
-                       why=str(exc))
-        raise VerificationFailed(f"The passkey response does not verify: {exc}") from None
+        await _refused(conn, actor, attempt, digest, project_id, user_id,
+                       VerificationFailed(f"The passkey response does not verify: {exc}"))
     actor = actor.as_user(user_id, project_id=project_id)
     session_id = new_id("sess")
     started = await sessions.start_session(
@@ -320,27 +330,34 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
             metadata={**attempt, "outcome": "success", "passkey_id": row["passkey_id"],
                       "user_verified": verified.user_verified, "session_id": session_id}),
         head=repository.passkey_head, gate=", t",
-        head_values={"passkey_id": row["passkey_id"], "sign_count": verified.new_sign_count,
+        head_values={"challenge_hash": digest, "passkey_id": row["passkey_id"],
+                     "sign_count": verified.new_sign_count,
                      "backup_state": verified.credential_backed_up},
     )
-    if started is None:  # deleted meanwhile, or a racing login with the same counter won
-        await _refused(conn, actor, attempt, project_id, user_id, "verification_failed",
-                       why="credential_changed")
-        raise VerificationFailed("The passkey was deleted or used again meanwhile.")
+    if started is None:  # the challenge or credential changed since the read (see passkey_head)
+        await _refused(conn, actor, attempt, digest, project_id, user_id, VerificationFailed(
+            "The challenge was spent or the passkey deleted or used again meanwhile."))
+    assert started is not None
     session, refresh_token, user = started
     return SignIn(project_id, session, user, refresh_token)
 
 
 async def _refused(conn: asyncpg.Connection, actor: Actor, attempt: dict[str, Any],
-                   project_id: str, user_id: str | None, reason: str, *,
-                   why: str | None = None) -> None:
-    """``auth.signin_attempt`` with outcome ``failure`` for a refused passkey login."""
-    await audit.record(
-        conn, actor.as_user(user_id, project_id=project_id), action="auth.signin_attempt",
-        project_id=project_id, target_type="user", target_id=user_id, user_id=user_id,
-        description=f"Passkey sign-in refused: {reason}",
-        metadata={**attempt, "outcome": "failure", "reason": reason,
-                  **({"detail": why} if why else {})})
+                   digest: bytes, project_id: str | None, user_id: str | None,
+                   failure: ServiceError) -> NoReturn:
+    """Refuse a passkey login with ``failure``: spend the challenge of ``digest`` and, when the
+    project is the caller's (``project_id``), record ``auth.signin_attempt`` with outcome
+    ``failure``, in one transaction; then raise ``failure``."""
+    async with conn.transaction():
+        await conn.execute(repository.SPEND_CHALLENGE, digest)
+        if project_id is not None:
+            await audit.record(
+                conn, actor.as_user(user_id, project_id=project_id), action="auth.signin_attempt",
+                project_id=project_id, target_type="user", target_id=user_id, user_id=user_id,
+                description=f"Passkey sign-in refused: {failure.code}",
+                metadata={**attempt, "outcome": "failure", "reason": failure.code,
+                          "detail": failure.message})
+    raise failure
 
 
 # --- a user's passkeys --------------------------------------------------------------------------
