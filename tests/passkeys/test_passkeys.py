@@ -3,6 +3,7 @@ magic link's), every refusal with its code and no cookie, and a user's passkeys.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
 
@@ -304,3 +305,29 @@ async def test_registration_refusals(project: Project) -> None:
     assert [c["id"] for c in reg["excludeCredentials"]] == [passkey["credential_id"]]
     r = await session_call(project.api, "POST", "/v1/auth/passkey/register/options", None, json={})
     assert_error(r, 401, "no_session")
+
+
+async def test_two_verifies_of_one_challenge_at_once_sign_in_once(project: Project) -> None:
+    authenticator, _ = await _registered(project)
+    assertion = authenticator.get(await options(project))
+    answers = await asyncio.gather(*(login_verify(project, assertion) for _ in range(4)))
+    assert sorted(r.status for r in answers) == [200, 400, 400, 400], [r.body for r in answers]
+    for r in answers:
+        if r.status == 400:
+            assert r.body["error"]["code"] in ("unknown_or_expired_challenge", "verification_failed")
+            _no_cookie(r)
+
+
+async def test_an_expired_challenge_records_the_failed_attempt(
+        project: Project, db: asyncpg.Pool) -> None:
+    authenticator, _ = await _registered(project)
+    opts = await options(project)
+    await db.execute("UPDATE webauthn_challenges SET expires_at = now() WHERE challenge_hash = $1",
+                     hashlib.sha256(unb64url(opts["challenge"])).digest())
+    await _refused(project, await login_verify(project, authenticator.get(opts)),
+                   "unknown_or_expired_challenge")
+    failure = (await events(db, project.id, "auth.signin_attempt"))[-1]
+    assert failure["metadata"]["outcome"] == "failure"
+    assert failure["metadata"]["reason"] == "unknown_or_expired_challenge"
+    assert await db.fetchval("SELECT count(*) FROM webauthn_challenges WHERE challenge_hash = $1",
+                             hashlib.sha256(unb64url(opts["challenge"])).digest()) == 0
