@@ -29,7 +29,6 @@ import json
 import multiprocessing as mp
 import os
 import platform
-import resource
 import secrets
 import sys
 import time
@@ -47,7 +46,14 @@ ROOT: Final = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from bench_http import RawConnection, latency_summary, pids_cpu_seconds  # noqa: E402
+from bench_http import (  # noqa: E402
+    RawConnection,
+    latency_summary,
+    measure_cpu,
+    pids_cpu_seconds,
+    system_cpu,
+    wait_for_quiet,
+)
 from bench_identity import (  # noqa: E402
     DEFAULT_PG,
     DEFAULT_REDIS,
@@ -55,6 +61,7 @@ from bench_identity import (  # noqa: E402
     ensure_database,
     log,
     migrate,
+    postgres_processes,
     server_env,
     start_servers,
     with_db,
@@ -123,6 +130,7 @@ class ProcOut:
     errors: int = 0
     error_kinds: dict[str, int] = field(default_factory=dict)
     cpu_seconds: float = 0.0
+    window: float = 0.0
 
 
 def _request(path: str, host: str, body: bytes) -> bytes:
@@ -164,14 +172,13 @@ async def run_clients(cfg: dict[str, Any], credentials: list[Credential], worker
                 else:
                     kinds[f"http_{status}"] += 1
 
-    await asyncio.gather(*(worker(w) for w in range(len(credentials))))
+    await asyncio.gather(measure_cpu(out, t_measure, t_end),
+                         *(worker(w) for w in range(len(credentials))))
     for c in conns:
         if c.transport is not None:
             c.transport.close()
-    usage = resource.getrusage(resource.RUSAGE_SELF)
     out.latencies, out.logins = lat.tobytes(), len(lat)
     out.error_kinds, out.errors = dict(kinds), sum(kinds.values())
-    out.cpu_seconds = usage.ru_utime + usage.ru_stime
     return out
 
 
@@ -200,9 +207,12 @@ def run_level(cfg: dict[str, Any], credentials: list[Credential], processes: int
         c.start()
     barrier.wait()
     time.sleep(cfg["warmup"])
-    cpu0, t0 = pids_cpu_seconds(server_pids), time.monotonic()
+    cpu0, pg0, box0, t0 = (pids_cpu_seconds(server_pids), _pg_cpu(), system_cpu(),
+                           time.monotonic())
+    time.sleep(cfg["duration"])
+    cpu1, pg1, box1, t1 = (pids_cpu_seconds(server_pids), _pg_cpu(), system_cpu(),
+                           time.monotonic())
     results = [queue.get() for _ in children]
-    cpu1, t1 = pids_cpu_seconds(server_pids), time.monotonic()
     for c in children:
         c.join()
     lat = sorted(x for r in results for x in array("d", r.latencies))
@@ -210,12 +220,25 @@ def run_level(cfg: dict[str, Any], credentials: list[Credential], processes: int
     for r in results:
         errors.update(r.error_kinds)
     logins = sum(r.logins for r in results)
+    wall = max(t1 - t0, 1e-9)
+    servers, client = (cpu1 - cpu0) / wall, sum(r.cpu_seconds / max(r.window, 1e-9) for r in results)
+    postgres = sum(pg1[k] - pg0[k] for k in pg1 if k in pg0) / wall
+    ncpu = os.cpu_count() or 1
+    busy = (box1[0] - box0[0]) / max(box1[1] - box0[1], 1e-9) * ncpu
     return {
         "concurrency": len(credentials), "logins": logins,
         "logins_per_s": logins / cfg["duration"], "latency_ms": latency_summary(lat),
-        "errors": dict(errors), "server_cores": (cpu1 - cpu0) / max(t1 - t0, 1e-9),
-        "client_cores": sum(r.cpu_seconds for r in results) / (cfg["duration"] + cfg["warmup"]),
+        "errors": dict(errors), "server_cores": servers, "postgres_cores": postgres,
+        "client_cores": client, "box_busy_cores": busy,
+        "other_cores": max(0.0, busy - servers - postgres - client),
+        "cpu_us_per_login": (servers + postgres) / max(logins / cfg["duration"], 1e-9) * 1e6,
     }
+
+
+def _pg_cpu() -> dict[int, float]:
+    """CPU seconds of the bench database's backends and PostgreSQL's shared processes."""
+    return {pid: cpu for pid, (kind, cpu) in postgres_processes(BENCH_DB).items()
+            if kind in ("bench", "shared")}
 
 
 # --------------------------------------------------------------------------- main
@@ -231,6 +254,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="16,64")
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--wait-quiet", type=float, default=0.0,
+                    help="before each level, wait up to this many seconds for an idle box")
     ap.add_argument("--json", default=None, help="write the results here too")
     args = ap.parse_args()
 
@@ -252,12 +277,16 @@ def main() -> None:
         results = []
         for n in levels:
             credentials = asyncio.run(make_passkeys(db_url, project_id, n, f"{tag}-c{n}"))
+            if args.wait_quiet and not wait_for_quiet(args.wait_quiet):
+                log(f"the box did not go quiet within {args.wait_quiet:.0f} s; measuring anyway")
             res = run_level(cfg, credentials, min(args.client_processes, n), pids)
             results.append(res)
             lat = res["latency_ms"]
             log(f"c={n}: {res['logins_per_s']:.0f} logins/s (target {TARGET:.0f}), "
-                f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, errors {res['errors'] or 0}, "
-                f"servers {res['server_cores']:.2f} cores, client {res['client_cores']:.2f} cores")
+                f"p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms, errors {res['errors'] or 0}; "
+                f"cores: servers {res['server_cores']:.2f}, PostgreSQL {res['postgres_cores']:.2f}, "
+                f"client {res['client_cores']:.2f}, other {res['other_cores']:.2f} "
+                f"(box {res['box_busy_cores']:.2f}); {res['cpu_us_per_login']:.0f} µs CPU/login")
     finally:
         for s in servers:
             s.stop()
