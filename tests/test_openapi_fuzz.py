@@ -31,7 +31,8 @@ What the document cannot say is given to the cases (``prepare``):
 * which ids exist: a case meant as valid gets the ids of resources made for its operation (a
   store, a user, an organization with a membership and an invitation, an API key), so it
   reaches the route's rules instead of stopping at 404;
-* which project a public route is for: the live project, in ``project_id``;
+* which project a public route is for: the live project, in ``project_id``; the project has a
+  passkey relying party, so passkey options calls answer options;
 * a listing's ``cursor``, which is signed: a valid case starts at the first page;
 * credentials: the project's full-access key, the bootstrap token, or the access token of a
   user signed in by magic link for the operation (afresh for each case of sign-out), sent in
@@ -62,6 +63,9 @@ from common.settings import Settings
 from control_plane.app import openapi_document
 from tests.fixtures.identity import email, sign_in
 from tests.fixtures.service import BOOTSTRAP_TOKEN, Project, bootstrap_project, combined_app, serving
+from tests.fixtures.webauthn import SoftAuthenticator
+from tests.passkeys.helpers import ORIGIN, register
+from tests.passkeys.helpers import configure as configure_passkeys
 
 SEED = 20261125
 MAX_EXAMPLES = 50
@@ -106,6 +110,7 @@ def live(settings_factory: Callable[..., Settings]) -> Iterator[Live]:
         async with ClientSession(timeout=ClientTimeout(total=60)) as http, \
                 serving(http, combined_app(settings)) as api:
             project = await bootstrap_project(api, "fuzz")
+            await configure_passkeys(project)
             started.set_result((Live(api.base_url, project, loop), stop))
             await stop.wait()
 
@@ -150,11 +155,11 @@ schema = schemathesis.openapi.from_dict(orjson.loads(DOCUMENT), config=CONFIG)
 def world(live: Live, label: str) -> dict[str, str]:
     """Ids of resources made for the operation ``label`` (once), keyed by path parameter."""
     if label not in live.worlds:
-        live.worlds[label] = live.run(_make_world(live.project))
+        live.worlds[label] = live.run(_make_world(live.project, passkey="{passkey_id}" in label))
     return live.worlds[label]
 
 
-async def _make_world(project: Project) -> dict[str, str]:
+async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
     api = project.api
 
     async def make(path: str, body: dict[str, Any]) -> str:
@@ -163,13 +168,19 @@ async def _make_world(project: Project) -> dict[str, str]:
         return str(r.body["id"])
 
     store = await make("/v1/stores", {"name": "fuzz"})
-    user = await make("/v1/users", {"email": email()})
+    address = email()
+    user = await make("/v1/users", {"email": address})
     org = await make("/v1/organizations", {"name": "Fuzz", "slug": f"fuzz-{user[-12:]}"})
     membership = await make(f"/v1/organizations/{org}/memberships", {"user_id": user})
     invitation = await make(f"/v1/organizations/{org}/invitations", {"email": email()})
     key = await make("/v1/api-keys", {"prefix": "sk_live_", "name": "fuzz", "scopes": []})
-    return {"store_id": store, "user_id": user, "org_id": org, "membership_id": membership,
-            "invitation_id": invitation, "key_id": key}
+    ids = {"store_id": store, "user_id": user, "org_id": org, "membership_id": membership,
+           "invitation_id": invitation, "key_id": key}
+    if passkey:  # the user's, registered after signing in (the enrollment link came first)
+        await configure_passkeys(project)  # again: a fuzzed PATCH /v1/projects/me changes it
+        signed_in = await sign_in(project, address, count=2)
+        ids["passkey_id"] = (await register(project, signed_in, SoftAuthenticator(ORIGIN)))["id"]
+    return ids
 
 
 def access_token(live: Live, label: str, *, fresh: bool = False) -> str:
@@ -261,6 +272,12 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
      "both: JSON Schema bounds and deduplicates each array alone",
      lambda case, r: bool(refused_fields(r)) and all(
          m.startswith("repeats ") or "tuples in all" in m for _, m in refused_fields(r))),
+    ("a passkey relying party's origins must be on its rp_id: two fields, compared",
+     lambda case, r: bool(refused_fields(r)) and all(
+         f == "webauthn.origins" and "or a subdomain of it" in m for f, m in refused_fields(r))),
+    ("a WebAuthn response whose challenge was never issued, or that does not verify: the state "
+     "of a ceremony and a signature, as 404 is for an id",
+     lambda case, r: error_code(r) in ("unknown_or_expired_challenge", "verification_failed")),
     ("an Idempotency-Key already used with other tuples: the state of a key, as 404 is for an "
      "id (generated keys repeat across cases)",
      lambda case, r: error_code(r) == "idempotency_key_reused"),

@@ -7,14 +7,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Final, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema, field_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
 from common.http import OMIT_IF_NONE
 from common.schemas import RequestModel, name_pattern, printable
-from control_plane.web.schemas import Email
+from control_plane.web.schemas import Email, Metadata
 
 MAX_ORIGINS: Final = 20
 UserVerification = Literal["preferred", "required"]
@@ -25,6 +32,16 @@ Base64Url = Annotated[str, StringConstraints(min_length=1, max_length=65_536,
                                              pattern=r"^[A-Za-z0-9_-]+={0,2}$")]
 """Bytes in base64url (RFC 4648 section 5), as WebAuthn's JSON forms write them."""
 
+
+_LABELS: Final = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*"
+_PORT: Final = (r"([0-9]{1,4}|0[0-9]{4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]"
+                r"|6553[0-5])")
+RP_ID_PATTERN: Final = f"^{_LABELS}$"
+ORIGIN_PATTERN: Final = f"^(https://{_LABELS}|http://(localhost|{_LABELS}\\.localhost))(:{_PORT})?/?$"
+"""An origin as browsers write it in ``clientDataJSON``, lower case: ``https://host[:port]``, or
+``http://localhost[:port]`` (and its subdomains), which browsers treat as secure; a trailing
+``/`` is dropped."""
+
 PasskeyName = Annotated[
     str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100),
     AfterValidator(printable),
@@ -32,46 +49,24 @@ PasskeyName = Annotated[
                     "description": "1 to 100 characters after trimming whitespace, none of them "
                                    "a control character."}),
 ]
-
-_RP_ID_RE: Final = r"^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
-
-
-def normalize_origin(value: str) -> str:
-    """A web origin as browsers write it in ``clientDataJSON``: ``https://host[:port]`` (or
-    ``http://localhost[:port]``, which browsers treat as secure), lower-cased, no path, query
-    or fragment. Raises ValueError."""
-    parts = urlsplit(value.strip())
-    try:
-        port = parts.port
-    except ValueError:
-        raise ValueError(f"{value!r} has an invalid port") from None
-    host = (parts.hostname or "").lower()
-    local = host == "localhost" or host.endswith(".localhost")
-    if (parts.scheme not in ("https", "http") or not host or parts.path not in ("", "/")
-            or parts.query or parts.fragment or parts.username or parts.password
-            or (parts.scheme == "http" and not local)):
-        raise ValueError(f"{value!r} is not an origin such as https://app.example.com (http only "
-                         "for localhost)")
-    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+Origin = Annotated[str, StringConstraints(max_length=300, pattern=ORIGIN_PATTERN)]
 
 
 class WebAuthnConfig(RequestModel):
     """A project's relying party (``PATCH /v1/projects/me`` ``webauthn``): ``rp_id`` the
     registrable domain credentials are scoped to (``example.com`` serves ``app.example.com``
     too), ``rp_name`` what authenticators show, ``origins`` every origin a ceremony may run on
-    (each ``rp_id`` or a subdomain of it), ``user_verification``."""
+    (each on ``rp_id`` or a subdomain of it), ``user_verification``."""
 
-    rp_id: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=_RP_ID_RE)]
-    rp_name: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=100),
-                       AfterValidator(printable)]
-    origins: Annotated[list[Annotated[str, StringConstraints(min_length=1, max_length=300)]],
-                       Field(min_length=1, max_length=MAX_ORIGINS)]
+    rp_id: Annotated[str, StringConstraints(max_length=253, pattern=RP_ID_PATTERN)]
+    rp_name: PasskeyName
+    origins: Annotated[list[Origin], Field(min_length=1, max_length=MAX_ORIGINS)]
     user_verification: UserVerification = "preferred"
 
     @field_validator("origins")
     @classmethod
-    def _origins(cls, v: list[str], info: Any) -> list[str]:
-        origins = sorted({normalize_origin(o) for o in v})
+    def _origins(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        origins = sorted({o.removesuffix("/") for o in v})
         rp_id = info.data.get("rp_id")
         if rp_id:
             for origin in origins:
@@ -187,7 +182,7 @@ class _CredentialJSON(RequestModel):
     rawId: Base64Url
     type: Literal["public-key"]
     authenticatorAttachment: Literal["platform", "cross-platform"] | None = None
-    clientExtensionResults: dict[str, Any] = Field(default_factory=dict)
+    clientExtensionResults: Metadata = Field(default_factory=dict)
 
 
 class AttestationResponse(RequestModel):

@@ -150,6 +150,14 @@ async def _store_challenge(conn: asyncpg.Connection, settings: Settings, challen
         ttl=timedelta(seconds=settings.webauthn_challenge_ttl_seconds))
 
 
+def _bytes(text: str) -> bytes | None:
+    """base64url ``text`` decoded, None when it is not base64url."""
+    try:
+        return base64url_to_bytes(text)
+    except ValueError:  # binascii.Error
+        return None
+
+
 def _challenge_of(client_data_json: str) -> bytes:
     """The challenge a response's ``clientDataJSON`` (base64url) carries. Raises
     UnknownOrExpiredChallenge when there is none to read."""
@@ -214,7 +222,7 @@ async def register(conn: asyncpg.Connection, actor: Actor, *,
             credential=credential.model_dump(), expected_challenge=challenge,
             expected_rp_id=rp.rp_id, expected_origin=rp.origins,
             require_user_verification=spent["user_verification"] == "required")
-    except WebAuthnException as exc:
+    except Exception as exc:  # py_webauthn's refusal, or a parser's on a malformed response
         raise VerificationFailed(f"The registration response does not verify: {exc}") from None
     passkey_id = new_id("pk")
     transports = sorted({t for t in credential.response.transports or () if t in _TRANSPORTS})
@@ -289,7 +297,7 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
     attempt = {"method": "passkey", "device": device, "ip": actor.ip,
                "user_agent": actor.user_agent}
     row = await conn.fetchrow(repository.READ_FOR_LOGIN, digest, project_id,
-                              base64url_to_bytes(credential.rawId))
+                              _bytes(credential.rawId) or b"")
     if row is None:
         raise UnknownOrExpiredChallenge()
     if row["expired"] or row["ceremony"] != AUTHENTICATION or row["project_id"] != project_id:
@@ -308,7 +316,7 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
     assert user_id is not None
     handle = credential.response.userHandle
     try:
-        if handle is not None and base64url_to_bytes(handle) != user_id.encode():
+        if handle is not None and _bytes(handle) != user_id.encode():
             raise VerificationFailed("The response's user handle is not the credential's user.")
         verified = verify_authentication_response(
             credential=credential.model_dump(), expected_challenge=challenge,
@@ -316,7 +324,7 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
             credential_public_key=bytes(row["public_key"]),
             credential_current_sign_count=int(row["sign_count"]),
             require_user_verification=row["user_verification"] == "required")
-    except (WebAuthnException, VerificationFailed) as exc:
+    except Exception as exc:  # py_webauthn's refusal, or a parser's on a malformed response
         await _refused(conn, actor, attempt, digest, project_id, user_id,
                        VerificationFailed(f"The passkey response does not verify: {exc}"))
     actor = actor.as_user(user_id, project_id=project_id)
