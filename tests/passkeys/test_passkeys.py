@@ -332,3 +332,32 @@ async def test_an_expired_challenge_records_the_failed_attempt(
     assert failure["metadata"]["reason"] == "unknown_or_expired_challenge"
     assert await db.fetchval("SELECT count(*) FROM webauthn_challenges WHERE challenge_hash = $1",
                              hashlib.sha256(unb64url(opts["challenge"])).digest()) == 0
+
+
+async def test_setting_the_relying_party_is_audited(project: Project, db: asyncpg.Pool) -> None:
+    await configure(project)
+    await configure(project)  # unchanged: no second event
+    await configure(project, user_verification="required")
+    changes = [e["metadata"]["changes"]["webauthn"]
+               for e in await events(db, project.id, "project.updated")]
+    assert [c["from"] and c["from"]["user_verification"] for c in changes] == [None, "preferred"]
+    assert [c["to"]["user_verification"] for c in changes] == ["preferred", "required"]
+
+
+async def test_registration_without_user_verification_when_required(project: Project) -> None:
+    await configure(project, user_verification="required")
+    user = await signed_in_user(project)
+    reg = (await register_options(project.api, user)).body
+    assert reg["authenticatorSelection"]["userVerification"] == "required"
+    r = await register_verify(project.api, user, SoftAuthenticator(ORIGIN).create(reg, uv=False))
+    await _refused(project, r, "verification_failed")
+
+
+async def test_the_page_runs_only_its_own_script(service: Api, project: Project) -> None:
+    r = await service.get(f"/v1/auth/passkey/page?project_id={project.id}", key=None)
+    assert r.status == 200 and r.headers["Content-Type"].startswith("text/html")
+    csp = r.headers["Content-Security-Policy"]
+    nonce = csp.split("script-src 'nonce-")[1].split("'")[0]
+    page = r.raw.decode()
+    assert f'<script nonce="{nonce}">' in page and 'autocomplete="username webauthn"' in page
+    assert "connect-src 'self'" in csp and r.headers["Cache-Control"] == "no-store"
