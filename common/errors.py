@@ -285,3 +285,32 @@ class DomainInUse(ServiceError):
 
     code, status, default_message = (
         "domain_in_use", 409, "Another project already uses that domain.")
+
+
+class UnknownProvider(ServiceError):
+    """OAuth: the provider name is not configured in the project (SPEC.md 7)."""
+
+    code, status, default_message = (
+        "unknown_provider", 404, "No OAuth provider of that name is configured in this project.")
+
+
+class MissingEmail(ServiceError):
+    """OAuth callback: the provider gave no e-mail address (SPEC.md 7)."""
+
+    code, status, default_message = "missing_email", 400, "The provider returned no e-mail address."
+
+
+class VerificationFailed(ServiceError):
+    """A sign-in proof failed verification: an OAuth ID token that fails validation, a provider
+    that answered ``error``, a code the provider would not exchange (SPEC.md 7)."""
+
+    code, status, default_message = "verification_failed", 400, "Verification failed."
+
+
+class IdentityConflict(ServiceError):
+    """OAuth callback: the provider's e-mail is not verified and belongs to an existing user, so
+    the identity is never linked to that user (DESIGN.md "identity_conflict")."""
+
+    code, status, default_message = (
+        "identity_conflict", 409,
+        "A user with this e-mail exists, and the provider does not say the address is verified.")
