@@ -22,7 +22,6 @@ from common.routing import Reply, RouteTable
 from control_plane.appkeys import KMS, OAUTH, TOKENS
 from control_plane.oauth import service
 from control_plane.oauth.schemas import (
-    PROVIDER_NAME,
     CallbackQuery,
     DeletedProvider,
     Provider,
@@ -39,8 +38,14 @@ from control_plane.web.endpoint import endpoint
 routes = RouteTable("oauth", "Sign-in with Google, GitHub, Microsoft, Apple or any OpenID Connect "
                              "provider, and the providers a project configures.")
 
-_PROVIDER_PATH: Final = f"/v1/oauth/providers/{{provider:{PROVIDER_NAME}}}"
+_PROVIDER: Final = "{provider:[^/]+}"
+"""A provider's name: any path segment (``schemas.PROVIDER_NAME`` says which are names)."""
+_PROVIDER_PATH: Final = f"/v1/oauth/providers/{_PROVIDER}"
 _LOCATION: Final = {"Location": "Where the browser goes next."}
+
+
+def _name(call: Call, *, configuring: bool = False) -> str:
+    return service.provider_name(call.path("provider"), configuring=configuring)
 
 
 @endpoint(routes, "PUT", _PROVIDER_PATH, auth=auth.ApiKey(), errors=[InvalidRequest],
@@ -54,7 +59,7 @@ async def put_oauth_provider(call: Call, body: ProviderBody) -> web.Response:
     answered."""
     async with call.connection() as conn:
         provider, created = await service.configure_provider(
-            conn, call.actor, name=service.provider_name(call.path("provider")), body=body, kms=call.app[KMS],
+            conn, call.actor, name=_name(call, configuring=True), body=body, kms=call.app[KMS],
             settings=call.settings)
     return call.reply(provider, status=201 if created else 200)
 
@@ -63,7 +68,7 @@ async def put_oauth_provider(call: Call, body: ProviderBody) -> web.Response:
           replies=[Reply(200, "The provider's configuration.", Provider)])
 async def get_oauth_provider(call: Call) -> web.Response:
     """A provider's configuration in the project (without its client secret)."""
-    provider = await service.describe_provider(call.pool, call.actor, name=service.provider_name(call.path("provider")),
+    provider = await service.describe_provider(call.pool, call.actor, name=_name(call),
                                                settings=call.settings)
     return call.reply(provider)
 
@@ -74,11 +79,11 @@ async def delete_oauth_provider(call: Call) -> web.Response:
     """Delete a provider's configuration; sign-ins with it are refused until it is configured
     again (linked identities stay)."""
     async with call.connection() as conn:
-        deleted = await service.remove_provider(conn, call.actor, name=service.provider_name(call.path("provider")))
+        deleted = await service.remove_provider(conn, call.actor, name=_name(call))
     return call.reply(deleted)
 
 
-@endpoint(routes, "GET", f"/v1/auth/oauth/{{provider:{PROVIDER_NAME}}}/start",
+@endpoint(routes, "GET", f"/v1/auth/oauth/{_PROVIDER}/start",
           auth=auth.Public(), allow_head=False,
           errors=[UnknownProvider, InvalidRequest, ProjectNotFound, ServiceUnavailable],
           replies=[Reply(302, "To the provider's authorization page (the oauth_browser cookie "
@@ -91,7 +96,7 @@ async def get_oauth_start(call: Call, query: StartQuery) -> web.StreamResponse:
     Connect) a ``nonce``; the state is bound to this browser by an HttpOnly cookie.
     ``redirect_uri`` must be one of the provider's ``redirect_uris``."""
     started = await service.start_authorization(
-        call.pool, call.actor, name=service.provider_name(call.path("provider")), redirect_uri=query.redirect_uri,
+        call.pool, call.actor, name=_name(call), redirect_uri=query.redirect_uri,
         browser_binding=call.request.cookies.get(service.BROWSER_COOKIE),
         client=call.app[OAUTH], kms=call.app[KMS], settings=call.settings)
     response = web.Response(status=302, headers={"Location": started.url,
@@ -110,7 +115,7 @@ def _device(request: web.Request) -> dict[str, Any]:
     return {"user_agent": h.get("User-Agent"), **{k: v for k, v in hints.items() if v}}
 
 
-@endpoint(routes, "GET", f"/v1/auth/oauth/{{provider:{PROVIDER_NAME}}}/callback",
+@endpoint(routes, "GET", f"/v1/auth/oauth/{_PROVIDER}/callback",
           auth=auth.Anonymous(), allow_head=False,
           headers={"Accept": "application/json to be answered the session envelope instead of "
                              "a redirect."},
@@ -130,7 +135,7 @@ async def get_oauth_callback(call: Call, query: CallbackQuery) -> web.StreamResp
     as ``POST /v1/auth/magic-link/verify`` answers it. No refusal sets a cookie."""
     iat = int(time.time())
     signed_in = await service.complete_sign_in(
-        call.pool, call.actor, name=service.provider_name(call.path("provider")), query=query,
+        call.pool, call.actor, name=_name(call), query=query,
         browser_binding=call.request.cookies.get(service.BROWSER_COOKIE),
         device=_device(call.request), client=call.app[OAUTH], kms=call.app[KMS],
         settings=call.settings, iat=iat)

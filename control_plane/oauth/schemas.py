@@ -3,12 +3,13 @@ answered of it, and the query strings of ``start`` and ``callback``."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Final
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
 
 from common.schemas import QueryModel, RequestModel, printable
 from common.settings import is_loopback_host, provider_url_problem
@@ -16,10 +17,9 @@ from common.settings import is_loopback_host, provider_url_problem
 MAX_REDIRECT_URIS: Final = 20
 SCOPE_TOKEN: Final = r"^[\x21\x23-\x5b\x5d-\x7e]+$"
 """RFC 6749 3.3 ``scope-token``."""
-PROVIDER_NAME: Final = "[a-z][a-z0-9_-]*"
-"""A provider's name in paths: a lowercase letter, then lowercase letters, digits, ``_`` and
-``-`` (at most ``MAX_PROVIDER_NAME`` characters in all; a longer name is ``invalid_request``)."""
-MAX_PROVIDER_NAME: Final = 40
+PROVIDER_NAME: Final = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+"""A provider's name: a lowercase letter, then up to 39 lowercase letters, digits, ``_`` and
+``-``. The path takes any segment, as it does an id: a name no provider can have is not found."""
 
 
 def _redirect_uri(value: str) -> str:
@@ -46,11 +46,15 @@ def _issuer(value: str) -> str:
 
 Credential = Annotated[str, StringConstraints(min_length=1, max_length=4096,
                                               pattern=r"^[\x21-\x7e]+$")]
+_URL_SCHEMA: Final = {
+    "type": "string", "minLength": 1, "maxLength": 2048, "pattern": "^https?://[^#]+$",
+    "description": "An absolute https URL (http only for a loopback host), without fragment."}
 RedirectUri = Annotated[str, StringConstraints(min_length=1, max_length=2048),
-                        AfterValidator(printable), AfterValidator(_redirect_uri)]
+                        AfterValidator(printable), AfterValidator(_redirect_uri),
+                        WithJsonSchema(_URL_SCHEMA)]
 Scope = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=SCOPE_TOKEN)]
 Issuer = Annotated[str, StringConstraints(min_length=1, max_length=2048),
-                   AfterValidator(printable), AfterValidator(_issuer)]
+                   AfterValidator(printable), AfterValidator(_issuer), WithJsonSchema(_URL_SCHEMA)]
 
 
 class ProviderBody(RequestModel):
@@ -109,7 +113,8 @@ class StartQuery(QueryModel):
 class CallbackQuery(QueryModel):
     """The provider's authorization response (RFC 6749 4.1.2 and 4.1.2.1)."""
 
-    state: Annotated[str | None, Field(max_length=512, description="The state sent by start.")] = None
+    state: Annotated[str, Field(min_length=1, max_length=512,
+                                description="The state sent by start.")]
     code: Annotated[str | None, Field(max_length=4096, description="The authorization code.")] = None
     error: Annotated[str | None, Field(max_length=512, description="The provider's error code.")] = None
     error_description: Annotated[str | None, Field(

@@ -54,7 +54,7 @@ from control_plane.oauth.protocol import (
 )
 from control_plane.oauth.providers.registry import provider_of
 from control_plane.oauth.schemas import (
-    MAX_PROVIDER_NAME,
+    PROVIDER_NAME,
     CallbackQuery,
     DeletedProvider,
     Provider,
@@ -78,11 +78,15 @@ def callback_url(settings: Settings, name: str) -> str:
     return f"{settings.public_base_url}/v1/auth/oauth/{name}/callback"
 
 
-def provider_name(value: str) -> str:
-    """``value`` as a provider name (the path's pattern already holds it to ``PROVIDER_NAME``).
-    Raises InvalidRequest naming ``provider`` when longer than ``MAX_PROVIDER_NAME``."""
-    if len(value) > MAX_PROVIDER_NAME:
-        raise InvalidRequest.field("provider", f"must be at most {MAX_PROVIDER_NAME} characters")
+def provider_name(value: str, *, configuring: bool = False) -> str:
+    """``value`` as a provider name (``schemas.PROVIDER_NAME``). Raises UnknownProvider when no
+    provider can have it (as a malformed id is not found), or InvalidRequest naming ``provider``
+    when ``configuring`` one."""
+    if PROVIDER_NAME.fullmatch(value) is None:
+        if configuring:
+            raise InvalidRequest.field("provider", "must be a lowercase letter, then up to 39 "
+                                                   "lowercase letters, digits, _ or -")
+        raise UnknownProvider(details={"provider": value})
     return value
 
 
@@ -250,8 +254,6 @@ async def complete_sign_in(pool: asyncpg.Pool, actor: Actor, *, name: str, query
     ``error``, a code the provider will not exchange, an ID token that fails validation, or a
     provider out of reach; MissingEmail (400); IdentityConflict (409) for an unverified e-mail
     of an existing user."""
-    if not query.state:
-        raise InvalidRequest.field("state", "required")
     row = await repository.take_state(pool, _digest(query.state))
     if row is None:
         raise InvalidRequest.field("state", "unknown or already used")
