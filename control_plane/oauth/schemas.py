@@ -119,3 +119,5 @@ class CallbackQuery(QueryModel):
     error: Annotated[str | None, Field(max_length=512, description="The provider's error code.")] = None
     error_description: Annotated[str | None, Field(
         max_length=2048, description="The provider's error text.")] = None
+    iss: Annotated[str | None, Field(
+        max_length=2048, description="The issuer, from providers that name it (RFC 9207).")] = None

@@ -41,11 +41,13 @@ from common.errors import (
     VerificationFailed,
 )
 from common.ids import new_id
+from common.schemas import CONTROL_RE
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
 from control_plane.oauth import repository
 from control_plane.oauth.protocol import (
+    TENANT_TEMPLATE,
     OAuthClient,
     ProviderClaims,
     ProviderConfig,
@@ -278,7 +280,7 @@ async def complete_sign_in(pool: asyncpg.Pool, actor: Actor, *, name: str, query
                          "provider_error_description": query.error_description})
         if not query.code:
             raise InvalidRequest.field("code", "required")
-        claims = await _claims_of(config, query.code, row, client, settings)
+        claims = await _claims_of(config, query.code, query.iss, row, client, settings)
         if claims.email is None:
             raise MissingEmail(details={"provider": name})
         return await _sign_in(pool, actor, config, claims, attempt, row["redirect_uri"],
@@ -288,11 +290,18 @@ async def complete_sign_in(pool: asyncpg.Pool, actor: Actor, *, name: str, query
         raise
 
 
-async def _claims_of(config: ProviderConfig, code: str, state: asyncpg.Record,
+async def _claims_of(config: ProviderConfig, code: str, iss: str | None, state: asyncpg.Record,
                      client: OAuthClient, settings: Settings) -> ProviderClaims:
+    """The user as the provider describes them, once the code is exchanged. An ``iss`` in the
+    authorization response must be the provider's issuer (RFC 9207 2.4: a mix-up of
+    providers). Raises VerificationFailed."""
     provider = provider_of(config.name)
     try:
         endpoints = await provider.endpoints(client, settings, config)
+        issuer = endpoints.issuer
+        if (iss is not None and issuer is not None and TENANT_TEMPLATE not in issuer
+                and iss.rstrip("/") != issuer):
+            raise ProviderError("issuer", "the authorization response names another issuer")
         tokens = await client.exchange_code(endpoints, config, code=code,
                                             code_verifier=state["code_verifier"],
                                             callback_url=callback_url(settings, config.name))
@@ -355,7 +364,8 @@ async def _user_for(conn: asyncpg.Connection, actor: Actor, config: ProviderConf
             return str(existing["id"]), "linked"
         user_id = await repository.create_user(
             conn, project_id=project_id, email=claims.email,
-            email_verified=claims.email_verified, name=(claims.name or "")[:_MAX_NAME])
+            email_verified=claims.email_verified,
+            name=CONTROL_RE.sub("", claims.name or "").strip()[:_MAX_NAME])
         if user_id is not None:
             await audit.record(
                 conn, actor.as_user(user_id), action="user.created", target_type="user",

@@ -305,3 +305,20 @@ async def test_google_shaped_provider(browser: ClientSession, google_service: Ap
                             callback_prefix=prefix)
     assert done.status == 200, done.body
     assert done.body["user"]["email"] == address
+
+
+async def test_authorization_response_naming_another_issuer_is_refused(
+        browser: ClientSession, service: Api, corp: Project, oidc_peer: OidcPeer,
+        prefix: str) -> None:
+    """RFC 9207: the ``iss`` of the authorization response must be the provider's (mix-up)."""
+    account = await oidc_peer.account(email=email())
+    r = await start(browser, service, corp, "corp")
+    callback = await authorize(browser, r.headers["Location"], account=account,
+                               callback_prefix=prefix)
+    path, _, query = callback.partition("?")
+    params = [p for p in query.split("&") if not p.startswith("iss=")]
+    tampered = f"{path}?{'&'.join([*params, 'iss=https%3A%2F%2Fidp.evil.example'])}"
+    refused = await fetch(browser, service, tampered, headers={"Accept": "application/json"})
+    assert_error(refused, 400, "verification_failed")
+    assert refused.body["error"]["details"]["reason"] == "issuer"
+    assert not sets_cookie(refused)

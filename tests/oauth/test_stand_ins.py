@@ -120,3 +120,21 @@ async def test_microsoft_tenant_issuer(browser: ClientSession, api: Api,
                                callback_prefix=prefix)
     assert_error(refused, 400, "verification_failed")
     assert not sets_cookie(refused)
+
+
+async def test_microsoft_links_only_a_domain_verified_email(
+        browser: ClientSession, api: Api, microsoft: MicrosoftStandIn, prefix: str) -> None:
+    project = await bootstrap_project(api, "microsoft")
+    await configure(project, "microsoft", client_id=microsoft.client_id,
+                    client_secret=microsoft.client_secret)
+    address = email()
+    existing = await create_user(project.api, address)
+    microsoft.next_user = {"sub": "ms-sub-2", "email": address}
+    refused, _ = await sign_in(browser, api, project, "microsoft", account=None,
+                               callback_prefix=prefix)
+    assert_error(refused, 409, "identity_conflict")
+    microsoft.next_user = {"sub": "ms-sub-2", "email": address, "xms_edov": True}
+    done, _ = await sign_in(browser, api, project, "microsoft", account=None,
+                            callback_prefix=prefix)
+    assert done.status == 200, done.body
+    assert done.body["user"]["id"] == existing["id"]

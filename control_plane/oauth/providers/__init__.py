@@ -49,15 +49,19 @@ class Provider:
 OIDC_SCOPES: Final = ("openid", "email", "profile")
 
 
-async def id_token_claims(client: OAuthClient, endpoints: Endpoints, config: ProviderConfig,
-                          tokens: dict[str, Any], nonce: str) -> ProviderClaims:
-    """The user as the validated ID token describes them (OIDC Core 2, 3.1.3.7, 5.1): ``sub``,
-    ``email``, ``email_verified``, ``name``. Raises ProviderError."""
-    claims = await client.validate_id_token(tokens.get("id_token"), endpoints,
-                                            client_id=config.client_id, nonce=nonce)
-    email = claims.get("email")
-    name = claims.get("name")
+def claims_of(claims: dict[str, Any]) -> ProviderClaims:
+    """The user as validated ID token ``claims`` describe them (OIDC Core 2, 5.1): ``sub``,
+    ``email``, ``email_verified``, ``name``."""
+    email, name = claims.get("email"), claims.get("name")
     return ProviderClaims(
         subject=str(claims["sub"]), email=email if isinstance(email, str) and email else None,
         email_verified=truthy(claims.get("email_verified")),
         name=name if isinstance(name, str) else None)
+
+
+async def id_token_claims(client: OAuthClient, endpoints: Endpoints, config: ProviderConfig,
+                          tokens: dict[str, Any], nonce: str) -> ProviderClaims:
+    """The user of the token response's ID token, once validated (OIDC Core 3.1.3.7). Raises
+    ProviderError."""
+    return claims_of(await client.validate_id_token(tokens.get("id_token"), endpoints,
+                                                    client_id=config.client_id, nonce=nonce))

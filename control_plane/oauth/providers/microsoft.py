@@ -21,7 +21,7 @@ from control_plane.oauth.protocol import (
     ProviderConfig,
     truthy,
 )
-from control_plane.oauth.providers import OIDC_SCOPES, Provider, id_token_claims
+from control_plane.oauth.providers import OIDC_SCOPES, Provider, claims_of
 
 
 async def _endpoints(client: OAuthClient, settings: Settings, config: ProviderConfig) -> Endpoints:
@@ -31,11 +31,11 @@ async def _endpoints(client: OAuthClient, settings: Settings, config: ProviderCo
 
 async def _claims(client: OAuthClient, endpoints: Endpoints, config: ProviderConfig,
                   tokens: dict[str, Any], nonce: str) -> ProviderClaims:
-    claims = await id_token_claims(client, endpoints, config, tokens, nonce)
-    if not claims.email_verified:
-        raw = await client.validate_id_token(tokens.get("id_token"), endpoints,
-                                             client_id=config.client_id, nonce=nonce)
-        claims = dataclasses.replace(claims, email_verified=truthy(raw.get("xms_edov")))
+    raw = await client.validate_id_token(tokens.get("id_token"), endpoints,
+                                         client_id=config.client_id, nonce=nonce)
+    claims = claims_of(raw)
+    if not claims.email_verified and truthy(raw.get("xms_edov")):
+        claims = dataclasses.replace(claims, email_verified=True)
     return claims
 
 
