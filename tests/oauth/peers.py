@@ -65,6 +65,7 @@ const provider = new Provider(cfg.issuer, {
   jwks: cfg.jwks,
   cookies: { keys: [cfg.cookieKey] },
   pkce: { required: () => true },
+  ttl: { AuthorizationCode: 600 },
   claims: { openid: ['sub'], email: ['email', 'email_verified'], profile: ['name'] },
   conformIdTokenClaims: false,
   features: { devInteractions: { enabled: false } },
@@ -240,12 +241,13 @@ async def _serve(app: web.Application, port: int = 0) -> tuple[web.AppRunner, st
 
 @dataclass
 class OidcPeer:
-    """The running provider: ``issuer`` (the proxy's URL), the ``proxy``, and ``http`` to
-    register accounts."""
+    """The running provider: ``issuer`` (the proxy's URL), the ``proxy``, ``http`` to register
+    accounts, and the node process's ``pid``."""
 
     issuer: str
     proxy: TokenProxy
     http: ClientSession
+    pid: int
 
     async def account(self, *, email: str | None, email_verified: bool = True,
                       name: str | None = None) -> str:
@@ -263,13 +265,14 @@ class OidcPeer:
 
 
 @contextlib.asynccontextmanager
-async def oidc_provider(callback_urls: list[str]) -> AsyncIterator[OidcPeer]:
+async def oidc_provider(callback_urls: list[str], *, direct: bool = False) -> AsyncIterator[OidcPeer]:
     """``oidc-provider`` running behind a :class:`TokenProxy`, with one client
-    (``CLIENT_ID``/``CLIENT_SECRET``) allowed ``callback_urls``."""
+    (``CLIENT_ID``/``CLIENT_SECRET``) allowed ``callback_urls``. ``direct``: the issuer is the
+    provider itself (the proxy still runs, unused), as the bench measures it."""
     folder = await asyncio.to_thread(ensure_oidc_provider)
     key, jwk = rsa_key("peer-key-1")
     proxy_port, peer_port = free_ports(2)
-    issuer = f"http://127.0.0.1:{proxy_port}"
+    issuer = f"http://127.0.0.1:{peer_port if direct else proxy_port}"
     config = {
         "issuer": issuer, "port": peer_port, "cookieKey": secrets.token_hex(16),
         "jwks": {"keys": [jwk]},
@@ -297,7 +300,7 @@ async def oidc_provider(callback_urls: list[str]) -> AsyncIterator[OidcPeer]:
                 raise RuntimeError("oidc-provider did not start:\n" + "".join(seen))
         drain = asyncio.create_task(_drain(proc.stdout))
         async with ClientSession() as http:
-            yield OidcPeer(issuer, proxy, http)
+            yield OidcPeer(issuer, proxy, http, proc.pid)
         drain.cancel()
     finally:
         await proxy.close()
