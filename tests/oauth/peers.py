@@ -60,7 +60,37 @@ import Provider from 'oidc-provider';
 
 const cfg = JSON.parse(process.env.PEER_CONFIG);
 const accounts = new Map();
+
+// oidc-provider's own memory adapter is an LRU of 1,000 entries: a bench that prepares
+// thousands of authorizations would lose codes before redeeming them. This one keeps all
+// (the process lives as long as a test run).
+const store = new Map();
+const byGrant = new Map();
+class Adapter {
+  constructor(name) { this.name = name; }
+  key(id) { return `${this.name}:${id}`; }
+  async upsert(id, payload) {
+    store.set(this.key(id), payload);
+    if (payload.uid) store.set(`${this.name}:uid:${payload.uid}`, id);
+    if (payload.userCode) store.set(`${this.name}:userCode:${payload.userCode}`, id);
+    if (payload.grantId) {
+      if (!byGrant.has(payload.grantId)) byGrant.set(payload.grantId, new Set());
+      byGrant.get(payload.grantId).add(this.key(id));
+    }
+  }
+  async find(id) { return store.get(this.key(id)); }
+  async findByUid(uid) { const id = store.get(`${this.name}:uid:${uid}`); return id && this.find(id); }
+  async findByUserCode(code) { const id = store.get(`${this.name}:userCode:${code}`); return id && this.find(id); }
+  async consume(id) { const p = store.get(this.key(id)); if (p) p.consumed = Math.floor(Date.now() / 1000); }
+  async destroy(id) { store.delete(this.key(id)); }
+  async revokeByGrantId(grantId) {
+    for (const key of byGrant.get(grantId) || []) store.delete(key);
+    byGrant.delete(grantId);
+  }
+}
+
 const provider = new Provider(cfg.issuer, {
+  adapter: Adapter,
   clients: cfg.clients,
   jwks: cfg.jwks,
   cookies: { keys: [cfg.cookieKey] },
