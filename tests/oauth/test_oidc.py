@@ -322,3 +322,33 @@ async def test_authorization_response_naming_another_issuer_is_refused(
     assert_error(refused, 400, "verification_failed")
     assert refused.body["error"]["details"]["reason"] == "issuer"
     assert not sets_cookie(refused)
+
+
+async def test_expired_state_is_refused(
+        browser: ClientSession, service: Api, corp: Project, oidc_peer: OidcPeer, prefix: str,
+        db: asyncpg.Pool) -> None:
+    """A state past its 10 minutes (time moved in the database, not slept) is refused."""
+    account = await oidc_peer.account(email=email())
+    r = await start(browser, service, corp, "corp")
+    callback = await authorize(browser, r.headers["Location"], account=account,
+                               callback_prefix=prefix)
+    moved = await db.execute("UPDATE oauth_states SET expires_at = now() - interval '1 second' "
+                             "WHERE project_id = $1", corp.id)
+    assert moved == "UPDATE 1"
+    refused = await fetch(browser, service, callback)
+    assert_error(refused, 400, "invalid_request")
+    assert refused.body["error"]["details"]["fields"] == [{"field": "state", "message": "expired"}]
+    assert not sets_cookie(refused)
+
+
+async def test_state_of_another_provider_is_refused(
+        browser: ClientSession, service: Api, corp: Project, oidc_peer: OidcPeer,
+        prefix: str) -> None:
+    assert (await configure(corp, "acme", issuer=oidc_peer.issuer)).status == 201
+    account = await oidc_peer.account(email=email())
+    r = await start(browser, service, corp, "corp")
+    callback = await authorize(browser, r.headers["Location"], account=account,
+                               callback_prefix=prefix)
+    refused = await fetch(browser, service, callback.replace("/corp/", "/acme/"))
+    assert_error(refused, 400, "invalid_request")
+    assert not sets_cookie(refused)
