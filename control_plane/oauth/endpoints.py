@@ -7,6 +7,7 @@ import time
 from typing import Any, Final
 
 from aiohttp import web
+from multidict import MultiDict
 
 from common.errors import (
     IdentityConflict,
@@ -19,6 +20,7 @@ from common.errors import (
     VerificationFailed,
 )
 from common.routing import Reply, RouteTable
+from common.schemas import parse_query
 from control_plane.appkeys import KMS, OAUTH, TOKENS
 from control_plane.oauth import service
 from control_plane.oauth.schemas import (
@@ -42,6 +44,7 @@ _PROVIDER: Final = "{provider:[^/]+}"
 """A provider's name: any path segment (``schemas.PROVIDER_NAME`` says which are names)."""
 _PROVIDER_PATH: Final = f"/v1/oauth/providers/{_PROVIDER}"
 _LOCATION: Final = {"Location": "Where the browser goes next."}
+_FORM: Final = "application/x-www-form-urlencoded"
 
 
 def _name(call: Call, *, configuring: bool = False) -> str:
@@ -101,10 +104,14 @@ async def get_oauth_start(call: Call, query: StartQuery) -> web.StreamResponse:
         client=call.app[OAUTH], kms=call.app[KMS], settings=call.settings)
     response = web.Response(status=302, headers={"Location": started.url,
                                                  "Cache-Control": "no-store"})
+    # A provider that answers by a cross-site POST (form_post) is followed only by a
+    # SameSite=None cookie, which browsers take only when Secure (localhost counts as secure).
+    cross_site = started.cross_site_post
     response.set_cookie(service.BROWSER_COOKIE, started.browser_binding,
                         max_age=call.settings.oauth_state_ttl_seconds,
-                        path=service.BROWSER_COOKIE_PATH, httponly=True, samesite="Lax",
-                        secure=secure_cookies(call.settings))
+                        path=service.BROWSER_COOKIE_PATH, httponly=True,
+                        samesite="None" if cross_site else "Lax",
+                        secure=cross_site or secure_cookies(call.settings))
     return response
 
 
@@ -115,17 +122,20 @@ def _device(request: web.Request) -> dict[str, Any]:
     return {"user_agent": h.get("User-Agent"), **{k: v for k, v in hints.items() if v}}
 
 
-@endpoint(routes, "GET", f"/v1/auth/oauth/{_PROVIDER}/callback",
-          auth=auth.Anonymous(), allow_head=False,
-          headers={"Accept": "application/json to be answered the session envelope instead of "
-                             "a redirect."},
-          errors=[InvalidRequest, UnknownProvider, VerificationFailed, MissingEmail,
-                  IdentityConflict, NoSession, ServiceUnavailable],
-          replies=[Reply(302, "Signed in: to the application's redirect_uri (the "
-                              "service_session cookie is set).", content_type=None,
-                         headers=_LOCATION),
-                   Reply(200, "Signed in (Accept: application/json; the service_session "
-                              "cookie is set too).", Grant)])
+_CALLBACK_PATH: Final = f"/v1/auth/oauth/{_PROVIDER}/callback"
+_CALLBACK_ERRORS: Final = [InvalidRequest, UnknownProvider, VerificationFailed, MissingEmail,
+                           IdentityConflict, NoSession, ServiceUnavailable]
+_CALLBACK_REPLIES: Final = [
+    Reply(302, "Signed in: to the application's redirect_uri (the service_session cookie is "
+               "set).", content_type=None, headers=_LOCATION),
+    Reply(200, "Signed in (Accept: application/json; the service_session cookie is set too).",
+          Grant)]
+_ACCEPT: Final = {"Accept": "application/json to be answered the session envelope instead of a "
+                            "redirect."}
+
+
+@endpoint(routes, "GET", _CALLBACK_PATH, auth=auth.Anonymous(), allow_head=False,
+          headers=_ACCEPT, errors=_CALLBACK_ERRORS, replies=_CALLBACK_REPLIES)
 async def get_oauth_callback(call: Call, query: CallbackQuery) -> web.StreamResponse:
     """Where the provider sends the browser back: sign in.
 
@@ -133,6 +143,22 @@ async def get_oauth_callback(call: Call, query: CallbackQuery) -> web.StreamResp
     success the ``service_session`` cookie is set and the browser goes to the ``redirect_uri``
     given to ``start``, or, with ``Accept: application/json``, the session envelope is answered
     as ``POST /v1/auth/magic-link/verify`` answers it. No refusal sets a cookie."""
+    return await _signed_in(call, query)
+
+
+@endpoint(routes, "POST", _CALLBACK_PATH, auth=auth.Anonymous(), headers=_ACCEPT,
+          errors=_CALLBACK_ERRORS, replies=_CALLBACK_REPLIES)
+async def post_oauth_callback(call: Call) -> web.StreamResponse:
+    """The callback of a provider answering with ``response_mode=form_post`` (Apple): the same
+    parameters as the ``GET`` form (``state``, ``code``, ``error``, ...), as an
+    ``application/x-www-form-urlencoded`` body (OAuth 2.0 Form Post Response Mode). Answers as
+    the ``GET`` form does."""
+    form = await call.request.post() if call.request.content_type == _FORM else {}
+    fields = MultiDict((k, v) for k, v in form.items() if isinstance(v, str))
+    return await _signed_in(call, parse_query(fields, CallbackQuery))
+
+
+async def _signed_in(call: Call, query: CallbackQuery) -> web.StreamResponse:
     iat = int(time.time())
     signed_in = await service.complete_sign_in(
         call.pool, call.actor, name=_name(call), query=query,
@@ -145,6 +171,7 @@ async def get_oauth_callback(call: Call, query: CallbackQuery) -> web.StreamResp
     if "application/json" in call.request.headers.get("Accept", ""):
         return call.reply_signed_in(grant, access_token=grant.access_token,
                                     max_age=grant.expires_in)
+    # A 302 after a form_post is followed with a GET by every browser (RFC 9110 15.4.3).
     response = web.Response(status=302, headers={"Location": signed_in.redirect_uri,
                                                  "Cache-Control": "no-store"})
     set_session_cookie(response, grant.access_token, max_age=grant.expires_in,

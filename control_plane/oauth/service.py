@@ -184,11 +184,13 @@ async def _config(conn: asyncpg.Connection | asyncpg.Pool, kms: LocalKms, projec
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """A started authorization: the provider's ``url`` to send the browser to, and the value
-    of the browser binding cookie to set (the one the browser sent, when it had one)."""
+    """A started authorization: the provider's ``url`` to send the browser to, the value of the
+    browser binding cookie to set (the one the browser sent, when it had one), and whether the
+    provider comes back by a cross-site POST (the cookie must then be ``SameSite=None``)."""
 
     url: str
     browser_binding: str
+    cross_site_post: bool
 
 
 def usable_binding(value: str | None) -> str | None:
@@ -225,7 +227,7 @@ async def start_authorization(pool: asyncpg.Pool, actor: Actor, *, name: str, re
                             state=state, code_verifier=code_verifier,
                             nonce=nonce if provider.oidc else None,
                             extra=dict(provider.authorization_params))
-    return Started(url, binding)
+    return Started(url, binding, provider.form_post)
 
 
 # --- callback ----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from aiohttp import ClientSession, CookieJar
 from common.settings import Settings
 from tests.oauth.peers import OidcPeer, oidc_provider
 
-PEER_PROVIDER_NAMES = ("corp", "google", "acme")
+PEER_PROVIDER_NAMES = ("corp", "google", "acme", "apple")
 """The provider names the tests configure against the local provider (its client allows each
 one's callback URL)."""
 

@@ -7,15 +7,18 @@ provider's key and a wrong nonce or audience."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Iterator
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 
 import asyncpg
+import orjson
 import pytest
 import pytest_asyncio
 from aiohttp import ClientSession
 
 from common.settings import Settings
+from tests.fixtures import conformance
 from tests.fixtures.database import events
 from tests.fixtures.identity import create_user, email
 from tests.fixtures.service import Api, Project, assert_error, bootstrap_project, combined_app, serving
@@ -352,3 +355,62 @@ async def test_state_of_another_provider_is_refused(
     refused = await fetch(browser, service, callback.replace("/corp/", "/acme/"))
     assert_error(refused, 400, "invalid_request")
     assert not sets_cookie(refused)
+
+
+# --- Apple's shape: the answer comes back by form_post ----------------------------------------
+
+
+@pytest_asyncio.fixture
+async def apple_service(settings_factory: Callable[..., Settings], http: ClientSession,
+                        oidc_peer: OidcPeer) -> AsyncIterator[Api]:
+    """The service with Apple's issuer pointed at the local provider."""
+    settings = settings_factory(oauth_apple_issuer=oidc_peer.issuer)
+    async with serving(http, combined_app(settings)) as api:
+        yield api
+
+
+async def test_apple_shaped_provider_answers_by_form_post(
+        browser: ClientSession, apple_service: Api, oidc_peer: OidcPeer, prefix: str) -> None:
+    """Apple asks for ``response_mode=form_post``: the browser comes back by a cross-site POST,
+    so the binding cookie is ``SameSite=None; Secure``; oidc-provider answers the same mode with
+    its auto-submitting form, which the test submits."""
+    project = await bootstrap_project(apple_service, "apple")
+    # oidc-provider knows no "name" scope: the test asks for Apple's others
+    r = await configure(project, "apple", scopes=["openid", "email"])
+    assert r.status == 201 and r.body["kind"] == "apple", r.body
+    address = email()
+    account = await oidc_peer.account(email=address)
+    started = await start(browser, apple_service, project, "apple")
+    assert started.status == 302
+    assert parse_qs(urlsplit(started.headers["Location"]).query)["response_mode"] == ["form_post"]
+    cookie = started.headers["Set-Cookie"]
+    assert "SameSite=None" in cookie and "Secure" in cookie
+    binding = cookie.split("oauth_browser=", 1)[1].split(";", 1)[0]
+    url = started.headers["Location"]
+    for _ in range(10):
+        if "/interaction/" in url:
+            url += "?" + urlencode({"account": account})
+        async with browser.get(url, allow_redirects=False) as step:
+            if step.status == 200:
+                page = await step.text()
+                break
+            url = urljoin(url, step.headers["Location"])
+    action = re.search(r'action="([^"]+)"', page)
+    assert action is not None and action.group(1) == prefix + "apple/callback", page
+    fields = dict(re.findall(r'name="([^"]+)" value="([^"]*)"', page))
+    assert {"code", "state"} <= fields.keys(), page
+    path = "/v1/auth/oauth/apple/callback"
+    async with ClientSession() as other, other.post(
+            apple_service.base_url + path, data=fields,
+            headers={"Cookie": f"oauth_browser={binding}", "Accept": "application/json"}) as done:
+        raw = await done.read()
+        problems = conformance.document().problems("POST", path, done.status, done.content_type,
+                                                   done.headers, raw)
+        assert not problems, problems
+        assert done.status == 200, raw
+        assert "service_session=" in done.headers["Set-Cookie"]
+    assert orjson.loads(raw)["user"]["email"] == address
+    # without the cookie (another browser), the same form is refused
+    async with ClientSession() as other, other.post(apple_service.base_url + path,
+                                                    data=fields) as refused:
+        assert refused.status == 400 and not refused.headers.getall("Set-Cookie", [])

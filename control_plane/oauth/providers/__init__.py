@@ -33,7 +33,8 @@ class Provider:
     the ``default_scopes`` asked for when a configuration names none, whether it speaks OpenID
     Connect (``oidc``: a ``nonce`` is sent and an ID token expected), whether a configuration
     may name an ``issuer`` (``takes_issuer``) or must (``needs_issuer``), extra authorization
-    parameters, and the two functions that find its ``endpoints`` and read the user's
+    parameters (``form_post``: the answer comes as a POST), and the two functions that find its
+    ``endpoints`` and read the user's
     ``claims`` from its token response."""
 
     kind: str
@@ -44,6 +45,9 @@ class Provider:
     takes_issuer: bool = False
     needs_issuer: bool = False
     authorization_params: tuple[tuple[str, str], ...] = ()
+    form_post: bool = False
+    """The provider answers with ``response_mode=form_post`` (OAuth 2.0 Form Post Response Mode):
+    a cross-site POST to the callback, which a SameSite=Lax cookie would not accompany."""
 
 
 OIDC_SCOPES: Final = ("openid", "email", "profile")

@@ -3,9 +3,9 @@
 ``"true"``), also for private relay addresses. The configured ``client_secret`` is the client
 secret JWT Apple asks for (ES256, signed with the developer's key, valid up to six months).
 
-Apple answers with ``response_mode=form_post`` (a POST to the callback) when the ``name`` or
-``email`` scope is asked; the callback takes GET only, so the default scopes are ``openid``
-alone and the e-mail comes from the ID token, which Apple fills when the user shares it."""
+Apple requires ``response_mode=form_post`` when scopes are asked (``email`` is needed for the
+e-mail claim): the browser comes back by a cross-site POST to the callback, so the binding
+cookie of such a start is ``SameSite=None; Secure``."""
 
 from __future__ import annotations
 
@@ -18,5 +18,6 @@ async def _endpoints(client: OAuthClient, settings: Settings, config: ProviderCo
     return await client.discover(settings.oauth_apple_issuer)
 
 
-PROVIDER = Provider(kind="apple", default_scopes=("openid",), oidc=True, endpoints=_endpoints,
-                    claims=id_token_claims)
+PROVIDER = Provider(kind="apple", default_scopes=("openid", "email", "name"), oidc=True,
+                    endpoints=_endpoints, claims=id_token_claims,
+                    authorization_params=(("response_mode", "form_post"),), form_post=True)
