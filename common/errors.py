@@ -297,8 +297,31 @@ class UnknownOrExpiredChallenge(ServiceError):
 
 
 class VerificationFailed(ServiceError):
-    """A WebAuthn response that does not verify: signature, origin, relying-party id, user
-    verification, type, an unknown or deleted credential, or a sign count that went backwards."""
+    """A sign-in proof that does not verify (SPEC.md 7). Passkeys: signature, origin,
+    relying-party id, user verification, type, an unknown or deleted credential, or a sign count
+    that went backwards. OAuth: an ID token that fails validation, a provider that answered
+    ``error``, a code the provider would not exchange."""
+
+    code, status, default_message = "verification_failed", 400, "The sign-in could not be verified."
+
+
+class UnknownProvider(ServiceError):
+    """OAuth: the provider name is not configured in the project (SPEC.md 7)."""
 
     code, status, default_message = (
-        "verification_failed", 400, "The passkey response could not be verified.")
+        "unknown_provider", 404, "No OAuth provider of that name is configured in this project.")
+
+
+class MissingEmail(ServiceError):
+    """OAuth callback: the provider gave no e-mail address (SPEC.md 7)."""
+
+    code, status, default_message = "missing_email", 400, "The provider returned no e-mail address."
+
+
+class IdentityConflict(ServiceError):
+    """OAuth callback: the provider's e-mail is not verified and belongs to an existing user, so
+    the identity is never linked to that user (DESIGN.md "identity_conflict")."""
+
+    code, status, default_message = (
+        "identity_conflict", 409,
+        "A user with this e-mail exists, and the provider does not say the address is verified.")

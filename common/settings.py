@@ -125,6 +125,26 @@ class Settings(BaseSettings):
     signing_key_check_seconds: Annotated[float, Field(gt=0)] = Field(
         300.0, validation_alias=_env("SERVICE_SIGNING_KEY_CHECK_SECONDS")
     )
+    # OAuth and OpenID Connect sign-in (issue 11). The fixed providers' endpoints, overridable so
+    # a deployment (or a test) can point them elsewhere; issuers as OpenID Connect Discovery
+    # 1.0 names them ("{issuer}/.well-known/openid-configuration" is fetched).
+    oauth_google_issuer: str = Field(
+        "https://accounts.google.com", validation_alias=_env("SERVICE_OAUTH_GOOGLE_ISSUER"))
+    oauth_microsoft_issuer: str = Field(
+        "https://login.microsoftonline.com/common/v2.0",
+        validation_alias=_env("SERVICE_OAUTH_MICROSOFT_ISSUER"))
+    oauth_apple_issuer: str = Field(
+        "https://appleid.apple.com", validation_alias=_env("SERVICE_OAUTH_APPLE_ISSUER"))
+    oauth_github_base_url: str = Field(
+        "https://github.com", validation_alias=_env("SERVICE_OAUTH_GITHUB_BASE_URL"))
+    oauth_github_api_url: str = Field(
+        "https://api.github.com", validation_alias=_env("SERVICE_OAUTH_GITHUB_API_URL"))
+    oauth_state_ttl_seconds: Annotated[int, Field(ge=60, le=3600)] = Field(
+        600, validation_alias=_env("SERVICE_OAUTH_STATE_TTL_SECONDS"))
+    oauth_http_timeout_seconds: Annotated[float, Field(gt=0, le=120)] = Field(
+        10.0, validation_alias=_env("SERVICE_OAUTH_HTTP_TIMEOUT_SECONDS"))
+    oauth_discovery_cache_seconds: Annotated[float, Field(ge=0, le=86_400)] = Field(
+        3600.0, validation_alias=_env("SERVICE_OAUTH_DISCOVERY_CACHE_SECONDS"))
     # Message delivery: the outbox worker and its sinks.
     email_sink: Literal["console", "smtp"] = Field("console", validation_alias=_env("SERVICE_EMAIL_SINK"))
     smtp_host: str | None = Field(None, validation_alias=_env("SERVICE_SMTP_HOST"))
@@ -205,6 +225,15 @@ class Settings(BaseSettings):
             raise ValueError(f"cannot read {v!r}: {exc.__class__.__name__}") from None
         decode_kek(text)
         return v
+
+    @field_validator("oauth_google_issuer", "oauth_microsoft_issuer", "oauth_apple_issuer",
+                     "oauth_github_base_url", "oauth_github_api_url")
+    @classmethod
+    def _oauth_url(cls, v: str) -> str:
+        problem = provider_url_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v.rstrip("/")
 
     @field_validator("magic_link_rate_per_destination", "magic_link_rate_per_ip")
     @classmethod
@@ -400,3 +429,31 @@ def load_settings(**overrides: object) -> Settings:
             else:  # a rule across variables names them in its message
                 lines.append(msg)
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """Whether ``host`` names this machine: ``localhost``, ``*.localhost`` (RFC 6761 6.3) or a
+    loopback address."""
+    host = (host or "").lower().strip("[]")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def provider_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be an OAuth provider's issuer or base URL, or None: it must be an
+    absolute https URL with a host, no query or fragment; http only for a loopback host (a
+    provider on this machine, in development and tests)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError for a bad port)
+    except ValueError:
+        return "must be a URL"
+    if not parts.hostname or parts.query or parts.fragment or parts.username or parts.password:
+        return "must be an absolute URL with a host and no query, fragment or credentials"
+    if parts.scheme == "https" or (parts.scheme == "http" and is_loopback_host(parts.hostname)):
+        return None
+    return "must use https (http only for a loopback host)"

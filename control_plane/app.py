@@ -28,6 +28,7 @@ from control_plane.appkeys import (
     KEYRING,
     KMS,
     MAILBOX,
+    OAUTH,
     OPENAPI,
     SEND_LIMITS,
     TOKENS,
@@ -43,6 +44,8 @@ from control_plane.magic_links.service import SendLimits
 from control_plane.messages import endpoints as messages
 from control_plane.messages import tasks as message_tasks
 from control_plane.messages.senders import ConsoleSink, uses_console
+from control_plane.oauth import endpoints as oauth
+from control_plane.oauth.protocol import OAuthClient
 from control_plane.organizations import endpoints as organizations
 from control_plane.passkeys import endpoints as passkeys
 from control_plane.passkeys import tasks as passkey_tasks
@@ -65,7 +68,8 @@ DESCRIPTION: Final = (
     "errors are {\"error\": {\"code\", \"message\", \"details\"}, \"request_id\"}."
 )
 ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.routes,
-                 sessions.routes, magic_links.routes, passkeys.routes, signing_keys.routes,
+                 sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
+                 signing_keys.routes,
                  audit.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
@@ -129,7 +133,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
                                      settings.magic_link_rate_per_destination),
         per_ip=limits.limit("magic_link_ip", settings.magic_link_rate_per_ip),
     )
-    yield
+    app[OAUTH] = OAuthClient(settings)
+    try:
+        yield
+    finally:
+        await app[OAUTH].close()
 
 
 async def _workers(app: web.Application) -> AsyncIterator[None]:

@@ -12,6 +12,7 @@ from aiohttp import web
 from control_plane.kms import LocalKms
 from control_plane.magic_links.service import SendLimits
 from control_plane.messages.senders import ConsoleSink
+from control_plane.oauth.protocol import OAuthClient
 from control_plane.sessions.tokens import TokenService
 from control_plane.signing_keys.service import Keyring
 
@@ -25,6 +26,9 @@ TOKENS: Final = web.AppKey("tokens", TokenService)
 """Access-token issuing (``control_plane.sessions.tokens``)."""
 SEND_LIMITS: Final = web.AppKey("send_limits", SendLimits)
 """The magic-link send rate limits, counted in Redis (``control_plane.web.ratelimit``)."""
+OAUTH: Final = web.AppKey("oauth", OAuthClient)
+"""HTTP to OAuth providers, with their discovery documents and JWKS cached
+(``control_plane.oauth.protocol``)."""
 MAILBOX: Final = web.AppKey("dev_mailbox", ConsoleSink)
 """The console message sink, present when a channel uses it (the development mailbox)."""
 OPENAPI: Final = web.AppKey("openapi_document", bytes)

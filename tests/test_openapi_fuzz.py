@@ -175,7 +175,12 @@ async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
     invitation = await make(f"/v1/organizations/{org}/invitations", {"email": email()})
     key = await make("/v1/api-keys", {"prefix": "sk_live_", "name": "fuzz", "scopes": []})
     ids = {"store_id": store, "user_id": user, "org_id": org, "membership_id": membership,
-           "invitation_id": invitation, "key_id": key}
+           "invitation_id": invitation, "key_id": key, "provider": "github"}
+    # GitHub: its endpoints are fixed, so starting a sign-in reaches no network.
+    r = await api.request("PUT", "/v1/oauth/providers/github", json={
+        "client_id": "fuzz", "client_secret": "fuzz-secret",
+        "redirect_uris": ["https://app.example.com/"]})
+    assert r.status in (200, 201), r.body
     if passkey:  # the user's, registered after signing in (the enrollment link came first)
         await configure_passkeys(project)  # again: a fuzzed PATCH /v1/projects/me changes it
         signed_in = await sign_in(project, address, count=2)
@@ -281,6 +286,16 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
     ("an Idempotency-Key already used with other tuples: the state of a key, as 404 is for an "
      "id (generated keys repeat across cases)",
      lambda case, r: error_code(r) == "idempotency_key_reused"),
+    ("an OAuth state that was never issued, or is used up: the state of a sign-in, as 404 is "
+     "for an id",
+     lambda case, r: bool(refused_fields(r)) and all(f == "state" for f, _ in refused_fields(r))),
+    ("a redirect_uri that is not one of the provider's: the state of its configuration",
+     lambda case, r: refused_fields(r) == [
+         ("redirect_uri", "must be one of the provider's redirect_uris")]),
+    ("an OAuth provider's URLs (https, or http only for a loopback host), and which providers "
+     "take an issuer: rules on a URL's host and on the path, beyond a pattern",
+     lambda case, r: bool(refused_fields(r)) and all(
+         f == "issuer" or f.startswith("redirect_uris") for f, _ in refused_fields(r))),
 ]
 """Refusals of requests the document calls valid, which the document cannot rule out: why, and
 how to tell each (never just a status)."""

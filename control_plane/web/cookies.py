@@ -15,9 +15,14 @@ def set_session_cookie(response: web.StreamResponse, token: str, *, max_age: int
                        settings: Settings) -> None:
     """Set ``service_session`` to the access ``token``: HttpOnly, SameSite=Lax, Path=/, Secure
     unless the service runs on plain-HTTP localhost."""
-    secure = not (settings.public_base_url.startswith("http://") and settings.base_url_is_local)
     response.set_cookie(SESSION_COOKIE, token, max_age=max_age, path="/", httponly=True,
-                        samesite="Lax", secure=secure)
+                        samesite="Lax", secure=secure_cookies(settings))
+
+
+def secure_cookies(settings: Settings) -> bool:
+    """Whether cookies are marked Secure: always, unless the service runs on plain-HTTP
+    localhost."""
+    return not (settings.public_base_url.startswith("http://") and settings.base_url_is_local)
 
 
 def clear_session_cookie(response: web.StreamResponse) -> None:

@@ -15,10 +15,11 @@ A domain's ``endpoints.py`` declares each route with :func:`endpoint`::
 The decorator reads the handler's annotations: a ``body`` parameter is the JSON body parsed into
 its model (``common.schemas.RequestModel``), a ``query`` parameter the query string parsed into
 its model (``common.schemas.QueryModel``). Path parameters are ids (``common.ids.PATH_IDS``: a
-route with another is refused when declared). The aiohttp handler it registers runs, in order:
-the route's authentication (``control_plane.web.auth``: 401/403 before anything is read), the
-path parameters (``common.schemas.parse_path_param``), the query, the content type when
-``json_only``, then the body; so every refusal is the envelope's, and the same table gives the
+route with another is refused when declared) or carry their own pattern (``{name:regex}``, with
+no braces in the regex). The aiohttp handler it registers runs, in order: the route's
+authentication (``control_plane.web.auth``: 401/403 before anything is read), the path
+parameters (``common.schemas.parse_path_param``), the query, the content type when ``json_only``,
+then the body; so every refusal is the envelope's, and the same table gives the
 OpenAPI document (``common.routing``).
 
 Naming: handlers are named for their method and resource (``get_users``, ``post_users``,
@@ -44,7 +45,7 @@ __all__ = ["TypedHandler", "endpoint", "require_json"]
 
 TypedHandler = Callable[..., Awaitable[web.StreamResponse]]
 _JSON: Final = "application/json"
-_PATH_PARAM_RE: Final = re.compile(r"\{([^}:]+)")
+_PATH_PARAM_RE: Final = re.compile(r"\{([^}:]+)(:)?")
 
 
 def require_json(request: web.Request) -> None:
@@ -73,8 +74,11 @@ def endpoint(
     it. ``headers`` documents request headers the handler reads. Returns the handler unchanged.
     """
     replies = tuple(replies)
-    path_params = _PATH_PARAM_RE.findall(path)
-    unknown = [name for name in path_params if name not in PATH_IDS]
+    path_params = [name for name, _ in _PATH_PARAM_RE.findall(path)]
+    # A parameter with its own pattern ({name:regex}) is matched by the router and documented
+    # with that pattern; any other is an id.
+    unknown = [name for name, regex in _PATH_PARAM_RE.findall(path)
+               if not regex and name not in PATH_IDS]
     if unknown:
         raise ValueError(f"{method} {path}: path parameters {unknown} are not ids of "
                          "common.ids.PATH_IDS")

@@ -1,0 +1,495 @@
+"""The OAuth peers of the tests: a real OpenID Connect provider, and small stand-ins for the two
+providers that have no offline peer.
+
+* :func:`oidc_provider`: the npm package ``oidc-provider`` (panva's certified OpenID Provider),
+  installed by the tests into ``.run/peers/oidc-provider`` (gitignored) with Debian's ``nodejs``
+  and ``npm`` installed first when missing (``devtools.apt_install``, as the browser tests install
+  Chromium), started on a free port with a config this module writes: one confidential client
+  (``client_secret_basic``) with the test service's callback URLs, PKCE required, the claims
+  ``email``/``email_verified``/``name`` in the ID token, and a non-interactive login: the test
+  registers an account (``POST /_accounts``) and opens ``/interaction/{uid}?account=<id>``, which
+  logs that account in and grants the requested scopes (``interactionFinished``).
+* :class:`TokenProxy`: an aiohttp reverse proxy in front of the provider, whose URL is the
+  provider's issuer (so discovery, JWKS and the token endpoint are all reached through it). The
+  test sets ``mode`` to rewrite the ID token of the next token responses: ``tamper`` changes a
+  claim without signing again (a bad signature), ``nonce`` and ``aud`` sign again with the
+  provider's own key (the test generated it) and a wrong ``nonce`` or audience, so only that
+  claim is wrong.
+* :class:`GitHubStandIn` and :class:`MicrosoftStandIn`: see their docstrings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+import jwt
+from aiohttp import ClientSession, web
+from cryptography.hazmat.primitives.asymmetric import rsa
+from jwt.algorithms import RSAAlgorithm
+
+from devtools import DevServicesError, apt_install
+from tests.fixtures.service import free_ports
+
+ROOT = Path(__file__).resolve().parents[2]
+PEER_DIR = ROOT / ".run" / "peers" / "oidc-provider"
+OIDC_PROVIDER_VERSION = "9.13.3"
+_LOCK = Path(tempfile.gettempdir()) / "authio-oidc-provider-install.lock"
+CLIENT_ID = "authio-test"
+CLIENT_SECRET = "test-secret-" + "x" * 32
+
+_SERVER_JS = r"""
+import http from 'node:http';
+import Provider from 'oidc-provider';
+
+const cfg = JSON.parse(process.env.PEER_CONFIG);
+const accounts = new Map();
+
+// oidc-provider's own memory adapter is an LRU of 1,000 entries: a bench that prepares
+// thousands of authorizations would lose codes before redeeming them. This one keeps all
+// (the process lives as long as a test run).
+const store = new Map();
+const byGrant = new Map();
+class Adapter {
+  constructor(name) { this.name = name; }
+  key(id) { return `${this.name}:${id}`; }
+  async upsert(id, payload) {
+    store.set(this.key(id), payload);
+    if (payload.uid) store.set(`${this.name}:uid:${payload.uid}`, id);
+    if (payload.userCode) store.set(`${this.name}:userCode:${payload.userCode}`, id);
+    if (payload.grantId) {
+      if (!byGrant.has(payload.grantId)) byGrant.set(payload.grantId, new Set());
+      byGrant.get(payload.grantId).add(this.key(id));
+    }
+  }
+  async find(id) { return store.get(this.key(id)); }
+  async findByUid(uid) { const id = store.get(`${this.name}:uid:${uid}`); return id && this.find(id); }
+  async findByUserCode(code) { const id = store.get(`${this.name}:userCode:${code}`); return id && this.find(id); }
+  async consume(id) { const p = store.get(this.key(id)); if (p) p.consumed = Math.floor(Date.now() / 1000); }
+  async destroy(id) { store.delete(this.key(id)); }
+  async revokeByGrantId(grantId) {
+    for (const key of byGrant.get(grantId) || []) store.delete(key);
+    byGrant.delete(grantId);
+  }
+}
+
+const provider = new Provider(cfg.issuer, {
+  adapter: Adapter,
+  clients: cfg.clients,
+  jwks: cfg.jwks,
+  cookies: { keys: [cfg.cookieKey] },
+  pkce: { required: () => true },
+  ttl: { AuthorizationCode: 600 },
+  claims: { openid: ['sub'], email: ['email', 'email_verified'], profile: ['name'] },
+  conformIdTokenClaims: false,
+  features: { devInteractions: { enabled: false } },
+  interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
+  findAccount: async (ctx, id) => ({
+    accountId: id,
+    claims: async () => ({ sub: id, ...(accounts.get(id) || {}) }),
+  }),
+});
+const callback = provider.callback();
+
+async function body(req) {
+  const chunks = [];
+  for await (const chunk of req) chunks.push(chunk);
+  return JSON.parse(Buffer.concat(chunks).toString() || '{}');
+}
+
+http.createServer(async (req, res) => {
+  try {
+    const url = new URL(req.url, cfg.issuer);
+    if (req.method === 'POST' && url.pathname === '/_accounts') {
+      const account = await body(req);
+      accounts.set(account.id, account.claims || {});
+      res.writeHead(204).end();
+      return;
+    }
+    if (url.pathname.startsWith('/interaction/')) {
+      const details = await provider.interactionDetails(req, res);
+      const accountId = url.searchParams.get('account');
+      const grant = new provider.Grant({ accountId, clientId: details.params.client_id });
+      grant.addOIDCScope(details.params.scope);
+      const grantId = await grant.save();
+      await provider.interactionFinished(req, res, { login: { accountId }, consent: { grantId } },
+                                         { mergeWithLastSubmission: false });
+      return;
+    }
+    callback(req, res);
+  } catch (err) {
+    res.writeHead(500, { 'content-type': 'text/plain' }).end(String(err && err.stack));
+  }
+}).listen(cfg.port, '127.0.0.1', () => console.log('ready'));
+"""
+
+
+def _tell(line: str) -> None:
+    """Show ``line`` now, past pytest's capture (an install takes a while)."""
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(f"\n{line}\n")
+            return
+    except OSError:
+        pass
+    print(line, file=sys.__stderr__ or sys.stderr, flush=True)
+
+
+def ensure_node() -> str:
+    """The path of ``node``, installing Debian's ``nodejs`` and ``npm`` when missing."""
+    if shutil.which("node") and shutil.which("npm"):
+        return str(shutil.which("node"))
+    _tell("oauth tests: installing nodejs and npm with apt-get (once per machine)")
+    apt_install(["nodejs", "npm"], log=lambda line: print(line, file=sys.stderr, flush=True),
+                unable=("the OAuth tests need node and npm and cannot install them ({why}): "
+                        "install the packages {wanted}"))
+    node = shutil.which("node")
+    if node is None:
+        raise DevServicesError("installed nodejs but node is missing")
+    return node
+
+
+def ensure_oidc_provider() -> Path:
+    """``.run/peers/oidc-provider`` with ``oidc-provider`` installed (npm, once)."""
+    ensure_node()
+    marker = PEER_DIR / "node_modules" / "oidc-provider" / "package.json"
+    with open(_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (marker.exists() and json.loads(marker.read_text())["version"] == OIDC_PROVIDER_VERSION):
+            PEER_DIR.mkdir(parents=True, exist_ok=True)
+            (PEER_DIR / "package.json").write_text(json.dumps(
+                {"name": "authio-test-oidc-peer", "private": True, "type": "module"}))
+            _tell(f"oauth tests: npm install oidc-provider@{OIDC_PROVIDER_VERSION} into {PEER_DIR}")
+            subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent",
+                            f"oidc-provider@{OIDC_PROVIDER_VERSION}"], cwd=PEER_DIR, check=True,
+                           stdin=subprocess.DEVNULL, stdout=2, stderr=2, timeout=600)
+        (PEER_DIR / "server.mjs").write_text(_SERVER_JS)
+    return PEER_DIR
+
+
+def rsa_key(kid: str) -> tuple[rsa.RSAPrivateKey, dict[str, Any]]:
+    """A new RSA signing key and its private JWK (``kid``, RS256)."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(RSAAlgorithm.to_jwk(key))
+    jwk.update(kid=kid, alg="RS256", use="sig")
+    return key, jwk
+
+
+def public_jwk(jwk: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in jwk.items() if k in ("kty", "n", "e", "kid", "alg", "use")}
+
+
+def s256(verifier: str) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+
+
+# --- the proxy -----------------------------------------------------------------------------------
+
+
+class TokenProxy:
+    """A reverse proxy to the provider at ``upstream``; ``mode`` rewrites the ID token of token
+    responses (``None``, ``tamper``, ``nonce``, ``aud``), signing with ``key`` (``kid``)."""
+
+    def __init__(self, upstream: str, key: rsa.RSAPrivateKey, kid: str) -> None:
+        self.upstream, self.key, self.kid = upstream, key, kid
+        self.mode: str | None = None
+        self.token_requests: list[dict[str, str]] = []
+        self._client: ClientSession | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+        return app
+
+    async def forward(self, request: web.Request) -> web.Response:
+        if self._client is None:
+            self._client = ClientSession(auto_decompress=True)
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in ("content-length", "accept-encoding")}
+        # Host stays the proxy's: oidc-provider builds its endpoints' URLs from it.
+        async with self._client.request(request.method, self.upstream + request.path_qs,
+                                        data=body or None, headers=headers,
+                                        allow_redirects=False) as r:
+            raw = await r.read()
+            out = [(k, v) for k, v in r.headers.items()
+                   if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")]
+            status = r.status
+        if request.path == "/token" and status == 200:
+            self.token_requests.append(dict(parse_qsl(body.decode())))
+            if self.mode is not None:
+                raw = self._rewrite(raw)
+        response = web.Response(status=status, body=raw)
+        for k, v in out:
+            response.headers.add(k, v)
+        return response
+
+    def _rewrite(self, raw: bytes) -> bytes:
+        answer = json.loads(raw)
+        token = answer["id_token"]
+        claims = jwt.decode(token, options={"verify_signature": False})
+        if self.mode == "tamper":
+            head, payload, sig = token.split(".")
+            claims["email"] = "attacker@example.com"
+            payload = base64.urlsafe_b64encode(json.dumps(claims).encode()).rstrip(b"=").decode()
+            answer["id_token"] = f"{head}.{payload}.{sig}"
+        else:
+            claims[{"nonce": "nonce", "aud": "aud"}[str(self.mode)]] = "wrong-" + secrets.token_hex(4)
+            answer["id_token"] = jwt.encode(claims, self.key, algorithm="RS256",
+                                            headers={"kid": self.kid})
+        return json.dumps(answer).encode()
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+async def _serve(app: web.Application, port: int = 0) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{bound}"
+
+
+@dataclass
+class OidcPeer:
+    """The running provider: ``issuer`` (the proxy's URL), the ``proxy``, ``http`` to register
+    accounts, and the node process's ``pid``."""
+
+    issuer: str
+    proxy: TokenProxy
+    http: ClientSession
+    pid: int
+
+    async def account(self, *, email: str | None, email_verified: bool = True,
+                      name: str | None = None) -> str:
+        """A new account (its ``sub``) with these claims (no ``email`` at all when None)."""
+        sub = "acct-" + secrets.token_hex(6)
+        claims: dict[str, Any] = {}
+        if email is not None:
+            claims.update(email=email, email_verified=email_verified)
+        if name is not None:
+            claims["name"] = name
+        async with self.http.post(f"{self.issuer}/_accounts",
+                                  json={"id": sub, "claims": claims}) as r:
+            assert r.status == 204, await r.text()
+        return sub
+
+
+@contextlib.asynccontextmanager
+async def oidc_provider(callback_urls: list[str], *, direct: bool = False) -> AsyncIterator[OidcPeer]:
+    """``oidc-provider`` running behind a :class:`TokenProxy`, with one client
+    (``CLIENT_ID``/``CLIENT_SECRET``) allowed ``callback_urls``. ``direct``: the issuer is the
+    provider itself (the proxy still runs, unused), as the bench measures it."""
+    folder = await asyncio.to_thread(ensure_oidc_provider)
+    key, jwk = rsa_key("peer-key-1")
+    proxy_port, peer_port = free_ports(2)
+    issuer = f"http://127.0.0.1:{peer_port if direct else proxy_port}"
+    config = {
+        "issuer": issuer, "port": peer_port, "cookieKey": secrets.token_hex(16),
+        "jwks": {"keys": [jwk]},
+        "clients": [{"client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
+                     "redirect_uris": callback_urls, "grant_types": ["authorization_code"],
+                     "response_types": ["code"],
+                     "token_endpoint_auth_method": "client_secret_basic"}],
+    }
+    proc = await asyncio.create_subprocess_exec(
+        "node", "server.mjs", cwd=folder, env={**os.environ, "PEER_CONFIG": json.dumps(config),
+                                                "NODE_ENV": "test"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    proxy = TokenProxy(f"http://127.0.0.1:{peer_port}", key, jwk["kid"])
+    runner, _ = await _serve(proxy.app(), proxy_port)
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        deadline = time.monotonic() + 60
+        while True:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            seen.append(line)
+            if line.strip() == "ready":
+                break
+            if not line or time.monotonic() > deadline:
+                raise RuntimeError("oidc-provider did not start:\n" + "".join(seen))
+        drain = asyncio.create_task(_drain(proc.stdout))
+        async with ClientSession() as http:
+            yield OidcPeer(issuer, proxy, http, proc.pid)
+        drain.cancel()
+    finally:
+        await proxy.close()
+        await runner.cleanup()
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while await stream.readline():
+        pass
+
+
+# --- stand-ins ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Grant:
+    redirect_uri: str
+    challenge: str
+    nonce: str | None
+    user: dict[str, Any]
+
+
+@dataclass
+class GitHubStandIn:
+    """GitHub's OAuth endpoints and the two REST calls the service makes (``/user``,
+    ``/user/emails``), in aiohttp. GitHub has no offline peer (it is not an OpenID Connect
+    provider and issues no ID token); this checks what GitHub checks of the flow: the client's
+    credentials, the single-use code, its redirect URI and the PKCE S256 verifier.
+    ``next_user`` is who signs in next: ``{"id", "login", "emails": [{email, primary,
+    verified}]}``."""
+
+    client_id: str = "gh-client"
+    client_secret: str = "gh-secret-" + "y" * 20
+    next_user: dict[str, Any] = field(default_factory=dict)
+    base_url: str = ""
+    _grants: dict[str, _Grant] = field(default_factory=dict)
+    _tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/login/oauth/authorize", self.authorize)
+        app.router.add_post("/login/oauth/access_token", self.token)
+        app.router.add_get("/api/user", self.user)
+        app.router.add_get("/api/user/emails", self.emails)
+        return app
+
+    async def authorize(self, request: web.Request) -> web.Response:
+        q = request.query
+        assert q["client_id"] == self.client_id and q["code_challenge_method"] == "S256"
+        code = secrets.token_hex(10)
+        self._grants[code] = _Grant(q["redirect_uri"], q["code_challenge"], None,
+                                    dict(self.next_user))
+        raise web.HTTPFound(f"{q['redirect_uri']}?code={code}&state={q['state']}")
+
+    async def token(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        grant = self._grants.pop(str(form.get("code")), None)
+        if (form.get("client_id") != self.client_id or form.get("client_secret") != self.client_secret
+                or grant is None or form.get("redirect_uri") != grant.redirect_uri
+                or s256(str(form.get("code_verifier"))) != grant.challenge):
+            return web.json_response({"error": "bad_verification_code"})  # GitHub answers 200
+        token = "gho_" + secrets.token_hex(16)
+        self._tokens[token] = grant.user
+        return web.json_response({"access_token": token, "token_type": "bearer",
+                                  "scope": "read:user,user:email"})
+
+    def _who(self, request: web.Request) -> dict[str, Any]:
+        user = self._tokens.get(request.headers.get("Authorization", "").removeprefix("Bearer "))
+        if user is None:
+            raise web.HTTPUnauthorized()
+        return user
+
+    async def user(self, request: web.Request) -> web.Response:
+        u = self._who(request)
+        return web.json_response({"id": u["id"], "login": u["login"], "name": None, "email": None})
+
+    async def emails(self, request: web.Request) -> web.Response:
+        return web.json_response(self._who(request)["emails"])
+
+
+@dataclass
+class MicrosoftStandIn:
+    """Microsoft identity platform's multi-tenant shape, in aiohttp: a discovery document whose
+    ``issuer`` is ``{base}/{tenantid}/v2.0``, an authorization endpoint, a token endpoint
+    answering an ID token signed by a local RSA key, and the JWKS. Microsoft has no offline peer;
+    what matters here is the tenant template: the token's ``iss`` names the tenant of its
+    ``tid`` (or, with ``wrong_tenant``, another one, which must be refused)."""
+
+    client_id: str = "ms-client"
+    client_secret: str = "ms-secret-" + "z" * 20
+    tenant: str = "9188040d-6c67-4c5b-b112-36a304b66dad"
+    next_user: dict[str, Any] = field(default_factory=dict)
+    wrong_tenant: bool = False
+    base_url: str = ""
+    _grants: dict[str, _Grant] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.key, self.jwk = rsa_key("ms-key-1")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/common/v2.0/.well-known/openid-configuration", self.discovery)
+        app.router.add_get("/common/oauth2/v2.0/authorize", self.authorize)
+        app.router.add_post("/common/oauth2/v2.0/token", self.token)
+        app.router.add_get("/common/discovery/v2.0/keys", self.keys)
+        return app
+
+    async def discovery(self, request: web.Request) -> web.Response:
+        b = self.base_url
+        return web.json_response({
+            "issuer": f"{b}/{{tenantid}}/v2.0",
+            "authorization_endpoint": f"{b}/common/oauth2/v2.0/authorize",
+            "token_endpoint": f"{b}/common/oauth2/v2.0/token",
+            "jwks_uri": f"{b}/common/discovery/v2.0/keys",
+            "id_token_signing_alg_values_supported": ["RS256"],
+            "token_endpoint_auth_methods_supported": ["client_secret_post", "private_key_jwt",
+                                                      "client_secret_basic"],
+        })
+
+    async def keys(self, request: web.Request) -> web.Response:
+        return web.json_response({"keys": [public_jwk(self.jwk)]})
+
+    async def authorize(self, request: web.Request) -> web.Response:
+        q = request.query
+        assert q["client_id"] == self.client_id and q["code_challenge_method"] == "S256"
+        code = secrets.token_hex(10)
+        self._grants[code] = _Grant(q["redirect_uri"], q["code_challenge"], q["nonce"],
+                                    dict(self.next_user))
+        raise web.HTTPFound(f"{q['redirect_uri']}?code={code}&state={q['state']}")
+
+    async def token(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        basic = request.headers.get("Authorization", "")
+        creds = (base64.b64decode(basic.removeprefix("Basic ")).decode().split(":", 1)
+                 if basic.startswith("Basic ") else [form.get("client_id"), form.get("client_secret")])
+        grant = self._grants.pop(str(form.get("code")), None)
+        if (creds != [self.client_id, self.client_secret] or grant is None
+                or form.get("redirect_uri") != grant.redirect_uri
+                or s256(str(form.get("code_verifier"))) != grant.challenge):
+            return web.json_response({"error": "invalid_grant"}, status=400)
+        now = int(time.time())
+        tenant = "00000000-0000-0000-0000-000000000001" if self.wrong_tenant else self.tenant
+        claims = {"iss": f"{self.base_url}/{tenant}/v2.0", "tid": self.tenant,
+                  "aud": self.client_id, "iat": now, "nbf": now, "exp": now + 3600,
+                  "nonce": grant.nonce, **grant.user}
+        id_token = jwt.encode(claims, self.key, algorithm="RS256", headers={"kid": "ms-key-1"})
+        return web.json_response({"access_token": "ms-at", "token_type": "Bearer",
+                                  "expires_in": 3600, "id_token": id_token})
+
+
+@contextlib.asynccontextmanager
+async def stand_in(peer: GitHubStandIn | MicrosoftStandIn) -> AsyncIterator[str]:
+    """Serve ``peer`` on a free loopback port; yields (and sets) its base URL."""
+    runner, url = await _serve(peer.app())
+    peer.base_url = url
+    try:
+        yield url
+    finally:
+        await runner.cleanup()
