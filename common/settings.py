@@ -345,13 +345,7 @@ class Settings(BaseSettings):
     def base_url_is_local(self) -> bool:
         """Whether ``public_base_url`` names this machine: ``localhost``, ``*.localhost``
         (RFC 6761 6.3) or a loopback address. Local development, not a deployment."""
-        host = (urlsplit(self.public_base_url).hostname or "").lower()
-        if host == "localhost" or host.endswith(".localhost"):
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback_host(urlsplit(self.public_base_url).hostname)
 
     @property
     def serves_dev_mailbox(self) -> bool:

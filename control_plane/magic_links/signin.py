@@ -9,7 +9,6 @@ goes through the general path, which decides and explains.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
@@ -22,21 +21,11 @@ from control_plane.audit import service as audit
 from control_plane.magic_links import repository
 from control_plane.organizations import service as organizations
 from control_plane.sessions import service as sessions
-from control_plane.sessions.schemas import Session
-from control_plane.users.schemas import User
+from control_plane.sessions.schemas import SignIn
 from control_plane.web.actor import Actor
 
 _FAILURES: Final = {"consumed": TokenConsumed, "expired": TokenExpired}
 
-
-@dataclass(frozen=True, slots=True)
-class SignIn:
-    """A redeemed link: the session (in ``project_id``), its refresh token and user."""
-
-    project_id: str
-    session: Session
-    user: User
-    refresh_token: str
 
 
 async def redeem(conn: asyncpg.Connection, actor: Actor, *, token: str, named_project: str | None,

@@ -63,8 +63,7 @@ from control_plane.oauth.schemas import (
     ProviderBody,
 )
 from control_plane.sessions import service as sessions
-from control_plane.sessions.schemas import Session
-from control_plane.users.schemas import User
+from control_plane.sessions.schemas import SignIn
 from control_plane.web.actor import Actor
 
 BROWSER_COOKIE: Final = "oauth_browser"
@@ -234,21 +233,16 @@ async def start_authorization(pool: asyncpg.Pool, actor: Actor, *, name: str, re
 
 
 @dataclass(frozen=True, slots=True)
-class SignIn:
-    """A completed OAuth sign-in: the session (in ``project_id``), its refresh token and user,
-    and the application page to return to."""
+class OAuthSignIn(SignIn):
+    """A completed OAuth sign-in and the application page to return to."""
 
-    project_id: str
-    session: Session
-    user: User
-    refresh_token: str
     redirect_uri: str
 
 
 async def complete_sign_in(pool: asyncpg.Pool, actor: Actor, *, name: str, query: CallbackQuery,
                            browser_binding: str | None, device: dict[str, Any],
                            client: OAuthClient, kms: LocalKms, settings: Settings,
-                           iat: int) -> SignIn:
+                           iat: int) -> OAuthSignIn:
     """The callback of provider ``name`` (RFC 6749 4.1.2, 4.1.3; OIDC Core 3.1.3.7): sign the
     user in. ``actor`` is the anonymous caller, ``device`` what it says of itself.
 
@@ -314,7 +308,7 @@ async def _claims_of(config: ProviderConfig, code: str, iss: str | None, state: 
 
 async def _sign_in(pool: asyncpg.Pool, actor: Actor, config: ProviderConfig,
                    claims: ProviderClaims, attempt: dict[str, Any], redirect_uri: str,
-                   settings: Settings, iat: int) -> SignIn:
+                   settings: Settings, iat: int) -> OAuthSignIn:
     """Find, link or create the user and start the session, in one transaction."""
     project_id, name = config.project_id, config.name
     assert claims.email is not None
@@ -349,7 +343,7 @@ async def _sign_in(pool: asyncpg.Pool, actor: Actor, config: ProviderConfig,
             verified="email" if claims.email_verified and same else None)
         assert started is not None  # the default head raises instead
     session, refresh_token, signed_in = started
-    return SignIn(project_id, session, signed_in, refresh_token, redirect_uri)
+    return OAuthSignIn(project_id, session, signed_in, refresh_token, redirect_uri)
 
 
 async def _user_for(conn: asyncpg.Connection, actor: Actor, config: ProviderConfig,

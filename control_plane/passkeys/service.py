@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final, NoReturn
 
@@ -60,8 +59,7 @@ from control_plane.passkeys.schemas import (
     WebAuthnSettings,
 )
 from control_plane.sessions import service as sessions
-from control_plane.sessions.schemas import Session
-from control_plane.users.schemas import User
+from control_plane.sessions.schemas import SignIn
 from control_plane.web.actor import Actor
 
 DEFAULT_NAME: Final = "Passkey"
@@ -72,15 +70,6 @@ REGISTRATION: Final = "registration"
 AUTHENTICATION: Final = "authentication"
 _TRANSPORTS: Final = frozenset(t.value for t in AuthenticatorTransport)
 
-
-@dataclass(frozen=True, slots=True)
-class SignIn:
-    """A verified passkey login: the session (in ``project_id``), its refresh token and user."""
-
-    project_id: str
-    session: Session
-    user: User
-    refresh_token: str
 
 
 # --- the relying party --------------------------------------------------------------------------

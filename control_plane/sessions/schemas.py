@@ -73,3 +73,15 @@ class RefreshBody(RequestModel):
     """The refresh token (``rt_...``) the last sign-in or refresh handed out."""
 
     refresh_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class SignIn:
+    """A completed sign-in, whatever proved it (magic link, passkey, OAuth): the session (in
+    ``project_id``), its first refresh token and its user; the access token is signed apart
+    (``sessions.service.grant``), once the connection is back in the pool."""
+
+    project_id: str
+    session: Session
+    user: User
+    refresh_token: str

@@ -45,6 +45,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from devtools import DevServicesError, apt_install
+from tests.fixtures.browser import tell
 from tests.fixtures.service import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,22 +141,12 @@ http.createServer(async (req, res) => {
 """
 
 
-def _tell(line: str) -> None:
-    """Show ``line`` now, past pytest's capture (an install takes a while)."""
-    try:
-        with open("/dev/tty", "w") as tty:
-            tty.write(f"\n{line}\n")
-            return
-    except OSError:
-        pass
-    print(line, file=sys.__stderr__ or sys.stderr, flush=True)
-
 
 def ensure_node() -> str:
     """The path of ``node``, installing Debian's ``nodejs`` and ``npm`` when missing."""
     if shutil.which("node") and shutil.which("npm"):
         return str(shutil.which("node"))
-    _tell("oauth tests: installing nodejs and npm with apt-get (once per machine)")
+    tell("oauth tests: installing nodejs and npm with apt-get (once per machine)")
     apt_install(["nodejs", "npm"], log=lambda line: print(line, file=sys.stderr, flush=True),
                 unable=("the OAuth tests need node and npm and cannot install them ({why}): "
                         "install the packages {wanted}"))
@@ -175,7 +166,7 @@ def ensure_oidc_provider() -> Path:
             PEER_DIR.mkdir(parents=True, exist_ok=True)
             (PEER_DIR / "package.json").write_text(json.dumps(
                 {"name": "authio-test-oidc-peer", "private": True, "type": "module"}))
-            _tell(f"oauth tests: npm install oidc-provider@{OIDC_PROVIDER_VERSION} into {PEER_DIR}")
+            tell(f"oauth tests: npm install oidc-provider@{OIDC_PROVIDER_VERSION} into {PEER_DIR}")
             subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent",
                             f"oidc-provider@{OIDC_PROVIDER_VERSION}"], cwd=PEER_DIR, check=True,
                            stdin=subprocess.DEVNULL, stdout=2, stderr=2, timeout=600)
