@@ -349,7 +349,13 @@ async def _sign_in(pool: asyncpg.Pool, actor: Actor, config: ProviderConfig,
 async def _user_for(conn: asyncpg.Connection, actor: Actor, config: ProviderConfig,
                     claims: ProviderClaims) -> tuple[str, str]:
     """(user id, ``linked`` or ``created``) for a first sign-in with this identity: the user
-    with the e-mail when the provider verified it, else a new user. Raises IdentityConflict."""
+    with the e-mail, else a new user, and only when the provider verified the address.
+
+    An unverified address never reaches a user: not by a link (IdentityConflict, 409), and not
+    by a new user either (MissingEmail, 400, reason ``email_not_verified``). A user created with
+    an address its creator does not control would be the pre-hijacked account of whoever owns it:
+    their later sign-in (a verified identity, a magic link) would land in it, and so would the
+    creator's identity."""
     assert claims.email is not None
     project_id = config.project_id
     for _ in range(2):  # a user created by a concurrent sign-in is found the second time
@@ -358,9 +364,12 @@ async def _user_for(conn: asyncpg.Connection, actor: Actor, config: ProviderConf
             if not claims.email_verified:
                 raise IdentityConflict(details={"provider": config.name})
             return str(existing["id"]), "linked"
+        if not claims.email_verified:
+            raise MissingEmail(
+                "The provider gave no verified e-mail address; verify it there and sign in again.",
+                details={"provider": config.name, "reason": "email_not_verified"})
         user_id = await repository.create_user(
-            conn, project_id=project_id, email=claims.email,
-            email_verified=claims.email_verified,
+            conn, project_id=project_id, email=claims.email, email_verified=True,
             name=CONTROL_RE.sub("", claims.name or "").strip()[:_MAX_NAME])
         if user_id is not None:
             await audit.record(

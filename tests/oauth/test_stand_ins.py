@@ -82,6 +82,34 @@ async def test_github_unverified_primary_email_of_an_existing_user_conflicts(
     assert not sets_cookie(done)
 
 
+async def test_an_unverified_address_cannot_pre_hijack_its_owners_account(
+        browser: ClientSession, api: Api, github: GitHubStandIn, prefix: str) -> None:
+    """The review's reproduction (issue 11): GitHub account A claims the victim's address
+    unverified; before, that made a user with it, the victim's verified sign-in later joined
+    that user, and A signed into the victim's account. Now A's sign-in makes no user, and the
+    victim's own sign-in makes a user A has no identity in."""
+    project = await bootstrap_project(api, "github")
+    await configure(project, "github", client_id=github.client_id,
+                    client_secret=github.client_secret)
+    victim = email()
+    github.next_user = {"id": 1001, "login": "attacker", "emails": [
+        {"email": victim, "primary": True, "verified": False}]}
+    attempt, _ = await sign_in(browser, api, project, "github", account=None,
+                               callback_prefix=prefix)
+    assert_error(attempt, 400, "missing_email")
+    browser.cookie_jar.clear()
+    github.next_user = {"id": 2002, "login": "victim", "emails": [
+        {"email": victim, "primary": True, "verified": True}]}
+    owner, _ = await sign_in(browser, api, project, "github", account=None, callback_prefix=prefix)
+    assert owner.status == 200, owner.body
+    browser.cookie_jar.clear()
+    github.next_user = {"id": 1001, "login": "attacker", "emails": [
+        {"email": email(), "primary": True, "verified": True}]}
+    again, _ = await sign_in(browser, api, project, "github", account=None, callback_prefix=prefix)
+    assert again.status == 200, again.body
+    assert again.body["user"]["id"] != owner.body["user"]["id"]
+
+
 async def test_github_without_a_primary_email_is_missing_email(
         browser: ClientSession, api: Api, github: GitHubStandIn, prefix: str) -> None:
     project = await bootstrap_project(api, "github")
@@ -109,12 +137,17 @@ async def test_microsoft_tenant_issuer(browser: ClientSession, api: Api,
                         client_secret=microsoft.client_secret)
     assert r.status == 201, r.body
     address = email()
+    # Microsoft's e-mail claim is not verified by itself: no user from it...
     microsoft.next_user = {"sub": "ms-sub-1", "email": address, "name": "Grace Hopper"}
+    refused, _ = await sign_in(browser, api, project, "microsoft", account=None,
+                               callback_prefix=prefix)
+    assert_error(refused, 400, "missing_email")
+    # ...but with the domain-verified flag the tenant's token signs in.
+    microsoft.next_user = {**microsoft.next_user, "xms_edov": True}
     done, _ = await sign_in(browser, api, project, "microsoft", account=None,
                             callback_prefix=prefix)
     assert done.status == 200, done.body
-    # Microsoft does not verify e-mail claims: a new user, its address unverified
-    assert done.body["user"]["email"] == address and done.body["user"]["email_verified"] is False
+    assert done.body["user"]["email"] == address and done.body["user"]["email_verified"] is True
     microsoft.wrong_tenant = True
     refused, _ = await sign_in(browser, api, project, "microsoft", account=None,
                                callback_prefix=prefix)
