@@ -153,7 +153,10 @@ async def post_oauth_callback(call: Call) -> web.StreamResponse:
     parameters as the ``GET`` form (``state``, ``code``, ``error``, ...), as an
     ``application/x-www-form-urlencoded`` body (OAuth 2.0 Form Post Response Mode). Answers as
     the ``GET`` form does."""
-    form = await call.request.post() if call.request.content_type == _FORM else {}
+    try:
+        form = await call.request.post() if call.request.content_type == _FORM else {}
+    except (UnicodeDecodeError, LookupError, ValueError):  # bytes not in the named charset
+        raise InvalidRequest.field("body", "must be form fields in the charset it names") from None
     fields = MultiDict((k, v) for k, v in form.items() if isinstance(v, str))
     return await _signed_in(call, parse_query(fields, CallbackQuery))
 

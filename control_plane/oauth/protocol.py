@@ -167,8 +167,8 @@ class OAuthClient:
         doc = await self.get_json(f"{issuer}/.well-known/openid-configuration", reason="discovery")
         if not isinstance(doc, dict):
             raise ProviderError("discovery", "the discovery document is not an object")
-        named = str(doc.get("issuer", "")).rstrip("/")
-        if check_issuer and named != issuer:
+        named = str(doc.get("issuer", ""))  # verbatim: the ID tokens' iss must equal it
+        if check_issuer and named.rstrip("/") != issuer:
             raise ProviderError("discovery", f"the discovery document names issuer {named!r}")
         urls = {}
         for field in ("authorization_endpoint", "token_endpoint", "jwks_uri", "userinfo_endpoint"):
@@ -264,7 +264,9 @@ class OAuthClient:
                 token, key.key, algorithms=[alg], audience=client_id,
                 issuer=None if template else endpoints.issuer, leeway=_LEEWAY_SECONDS,
                 options={"require": ["iss", "sub", "aud", "exp", "iat"]})
-        except jwt.PyJWTError as exc:
+        except (jwt.PyJWTError, TypeError, ValueError) as exc:
+            # TypeError/ValueError: a key of another type than the algorithm (a JWKS key that
+            # declares no alg), which PyJWT reports outside its own errors.
             raise ProviderError("id_token", f"the ID token is not valid: {exc}") from None
         if template:
             tid = claims.get("tid")

@@ -20,8 +20,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
+import logging
 import re
 import secrets
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from authlib.common.security import generate_token
 
 from common.errors import (
     IdentityConflict,
+    InvalidEmail,
     InvalidRequest,
     MissingEmail,
     ServiceError,
@@ -65,12 +68,15 @@ from control_plane.oauth.schemas import (
 from control_plane.sessions import service as sessions
 from control_plane.sessions.schemas import SignIn
 from control_plane.web.actor import Actor
+from control_plane.web.schemas import normalize_email
 
 BROWSER_COOKIE: Final = "oauth_browser"
 """The HttpOnly cookie that binds a started authorization to the browser that started it."""
 BROWSER_COOKIE_PATH: Final = "/v1/auth/oauth/"
 _BINDING_RE: Final = re.compile(r"[A-Za-z0-9_-]{43}")
 _MAX_NAME: Final = 200
+
+log = logging.getLogger("authio.oauth")
 
 
 def callback_url(settings: Settings, name: str) -> str:
@@ -213,8 +219,12 @@ async def start_authorization(pool: asyncpg.Pool, actor: Actor, *, name: str, re
     try:
         endpoints = await provider.endpoints(client, settings, config)
     except ProviderError as exc:
-        raise ServiceUnavailable(f"The provider cannot be reached: {exc.message}",
-                                 details={"provider": name, "reason": exc.reason}) from None
+        # What failed where stays in the log: an answer naming the URL and the failure would
+        # let a key holder map the service's own network through a provider's issuer.
+        log.warning("OAuth provider %s of %s: discovery failed (%s: %s)", name, project_id,
+                    exc.reason, exc.message)
+        raise ServiceUnavailable("The provider's configuration could not be read; try again "
+                                 "later.", details={"provider": name}) from None
     state, code_verifier = secrets.token_urlsafe(32), generate_token(64)
     nonce = secrets.token_urlsafe(32)
     binding = usable_binding(browser_binding) or secrets.token_urlsafe(32)
@@ -276,9 +286,8 @@ async def complete_sign_in(pool: asyncpg.Pool, actor: Actor, *, name: str, query
                          "provider_error_description": query.error_description})
         if not query.code:
             raise InvalidRequest.field("code", "required")
-        claims = await _claims_of(config, query.code, query.iss, row, client, settings)
-        if claims.email is None:
-            raise MissingEmail(details={"provider": name})
+        claims = _usable(await _claims_of(config, query.code, query.iss, row, client, settings),
+                         name)
         return await _sign_in(pool, actor, config, claims, attempt, row["redirect_uri"],
                               settings, iat)
     except ServiceError as err:
@@ -304,6 +313,29 @@ async def _claims_of(config: ProviderConfig, code: str, iss: str | None, state: 
         return await provider.claims(client, endpoints, config, tokens, state["nonce"])
     except ProviderError as exc:
         raise VerificationFailed(exc.message, details={"reason": exc.reason}) from None
+
+
+MAX_SUBJECT: Final = 255
+"""The longest ``sub`` taken (OpenID Connect Core 2: at most 255 ASCII characters)."""
+
+
+def _usable(claims: ProviderClaims, name: str) -> ProviderClaims:
+    """``claims`` with the e-mail normalized as every address of the service is
+    (``normalize_email``). Raises MissingEmail when there is none or it is no address (reason
+    ``email_unusable``), VerificationFailed when the subject is empty, over 255 characters or
+    holds control characters: what a provider says is input like any other."""
+    subject = claims.subject
+    if not subject or len(subject) > MAX_SUBJECT or CONTROL_RE.search(subject):
+        raise VerificationFailed("The provider's subject identifier is not usable.",
+                                 details={"provider": name, "reason": "subject"})
+    if claims.email is None:
+        raise MissingEmail(details={"provider": name})
+    try:
+        address = normalize_email(claims.email)
+    except InvalidEmail:
+        raise MissingEmail("The provider's e-mail is not a usable address.",
+                           details={"provider": name, "reason": "email_unusable"}) from None
+    return dataclasses.replace(claims, email=address)
 
 
 async def _sign_in(pool: asyncpg.Pool, actor: Actor, config: ProviderConfig,

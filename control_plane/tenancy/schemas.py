@@ -126,7 +126,7 @@ Domain = Annotated[str, WithJsonSchema({
 class PatchProject(RequestModel):
     """``signing_alg`` (a change rotates to a key of that algorithm at once), ``domains``
     (host names; replaces the set; a domain belongs to one project only) and ``webauthn`` (the
-    passkey relying party; replaces it)."""
+    passkey relying party; replaces it; ``null`` turns passkeys off)."""
 
     signing_alg: Alg | None = None
     domains: Annotated[list[Domain], Field(max_length=MAX_DOMAINS)] | None = None

@@ -176,7 +176,7 @@ async def update_project(
                 alg=body.signing_alg, reason="signing_alg_changed",
             )
             changes["signing_alg"] = {"from": current, "to": body.signing_alg, "kid": key.kid}
-        if body.webauthn is not None:
+        if "webauthn" in body.model_fields_set:  # null: passkeys off
             changed = await passkeys.configure(conn, actor, config=body.webauthn)
             if changed is not None:
                 changes["webauthn"] = changed

@@ -120,6 +120,33 @@ async def test_github_without_a_primary_email_is_missing_email(
     assert_error(done, 400, "missing_email")
 
 
+@pytest.mark.parametrize("address", ["nul\u0000@example.com", "a" * 6000 + "@example.com",
+                                     "not an address"])
+async def test_github_e_mail_that_is_no_address_is_missing_email(
+        browser: ClientSession, api: Api, github: GitHubStandIn, prefix: str, address: str) -> None:
+    """What a provider says is input like any other. Before: NUL was a 500 and 6,000 characters
+    became the user's address (review of issue 11)."""
+    project = await bootstrap_project(api, "github")
+    await configure(project, "github", client_id=github.client_id,
+                    client_secret=github.client_secret)
+    github.next_user = _github_user(address)
+    done, _ = await sign_in(browser, api, project, "github", account=None, callback_prefix=prefix)
+    assert_error(done, 400, "missing_email")
+    assert done.body["error"]["details"]["reason"] == "email_unusable"
+    assert not sets_cookie(done)
+
+
+async def test_a_form_post_callback_that_is_not_text_is_invalid_request(api: Api) -> None:
+    """Before: bytes outside the form's charset, or an unknown charset, were a 500."""
+    project = await bootstrap_project(api, "github")
+    path = f"/v1/auth/oauth/github/callback?project_id={project.id}"
+    for content_type, body in (("application/x-www-form-urlencoded", b"state=\xff\xfe"),
+                               ("application/x-www-form-urlencoded; charset=bogus", b"state=x")):
+        r = await api.request("POST", path, data=body, headers={"Content-Type": content_type},
+                              key=None)
+        assert_error(r, 400, "invalid_request")
+
+
 async def test_github_wrong_client_secret_is_verification_failed(
         browser: ClientSession, api: Api, github: GitHubStandIn, prefix: str) -> None:
     project = await bootstrap_project(api, "github")

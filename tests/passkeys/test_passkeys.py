@@ -292,6 +292,15 @@ async def test_the_project_shows_its_relying_party(project: Project) -> None:
         assert_invalid_field(r, "webauthn.origins.0")
 
 
+async def test_null_turns_passkeys_off(project: Project) -> None:
+    """Before: ``{"webauthn": null}`` answered 200 and changed nothing (review of issue 11)."""
+    await configure(project)
+    r = await project.api.request("PATCH", "/v1/projects/me", json={"webauthn": None})
+    assert r.status == 200, r.body
+    assert (await project.api.get("/v1/projects/me")).body["webauthn"] is None
+    assert_invalid_field(await login_options(project), "webauthn")
+
+
 async def test_registration_refusals(project: Project) -> None:
     await configure(project)
     user = await signed_in_user(project)
