@@ -79,25 +79,26 @@ async def take_state(conn: asyncpg.Connection | asyncpg.Pool,
 
 
 async def identity_user(conn: asyncpg.Connection, project_id: str, provider: str,
-                        subject: str) -> str | None:
+                        issuer: str, subject: str) -> str | None:
     """The user of the identity, its ``last_used_at`` stamped, or None."""
     user_id = await conn.fetchval(
         """UPDATE oauth_identities SET last_used_at = now()
-           WHERE project_id = $1 AND provider = $2 AND subject = $3 RETURNING user_id""",
-        project_id, provider, subject)
+           WHERE project_id = $1 AND provider = $2 AND issuer = $3 AND subject = $4
+           RETURNING user_id""",
+        project_id, provider, issuer, subject)
     return str(user_id) if user_id is not None else None
 
 
 async def link_identity(conn: asyncpg.Connection, *, project_id: str, provider: str,
-                        subject: str, user_id: str, email: str | None) -> str:
+                        issuer: str, subject: str, user_id: str, email: str | None) -> str:
     """Link the identity to ``user_id``; the user it links to (another, when a concurrent
     sign-in linked it first)."""
     linked = await conn.fetchval(
-        """INSERT INTO oauth_identities (project_id, provider, subject, user_id, email)
-           VALUES ($1, $2, $3, $4, $5)
-           ON CONFLICT (project_id, provider, subject) DO UPDATE SET last_used_at = now()
+        """INSERT INTO oauth_identities (project_id, provider, issuer, subject, user_id, email)
+           VALUES ($1, $2, $3, $4, $5, $6)
+           ON CONFLICT (project_id, provider, issuer, subject) DO UPDATE SET last_used_at = now()
            RETURNING user_id""",
-        project_id, provider, subject, user_id, email)
+        project_id, provider, issuer, subject, user_id, email)
     return str(linked)
 
 

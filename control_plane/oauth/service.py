@@ -160,7 +160,8 @@ async def describe_provider(conn: asyncpg.Connection | asyncpg.Pool, actor: Acto
 
 async def remove_provider(conn: asyncpg.Connection, actor: Actor, *, name: str) -> DeletedProvider:
     """Delete the configuration of ``name`` (``oauth.provider.deleted``); identities already
-    linked stay, and sign in again once it is configured again. Raises UnknownProvider."""
+    linked stay, and sign in again once it is configured again with the same issuer. Raises
+    UnknownProvider."""
     assert actor.project_id is not None
     async with conn.transaction():
         if not await repository.delete_provider(conn, actor.project_id, name):
@@ -345,12 +346,15 @@ async def _sign_in(pool: asyncpg.Pool, actor: Actor, config: ProviderConfig,
     project_id, name = config.project_id, config.name
     assert claims.email is not None
     async with pool.acquire() as conn, conn.transaction():
-        user_id = await repository.identity_user(conn, project_id, name, claims.subject)
+        namespace = (config.issuer or "").rstrip("/")  # a subject is unique at its issuer
+        user_id = await repository.identity_user(conn, project_id, name, namespace,
+                                                 claims.subject)
         outcome = "returning"
         if user_id is None:
             user_id, outcome = await _user_for(conn, actor, config, claims)
             user_id = await repository.link_identity(
-                conn, project_id=project_id, provider=name, subject=claims.subject,
+                conn, project_id=project_id, provider=name, issuer=namespace,
+                subject=claims.subject,
                 user_id=user_id, email=claims.email)
             await audit.record(
                 conn, actor.as_user(user_id), action="oauth.identity.linked",

@@ -161,6 +161,25 @@ async def test_returning_identity_signs_in_to_the_same_user(
     assert first.body["session"]["id"] != second.body["session"]["id"]
 
 
+async def test_an_identity_of_another_issuer_is_not_this_ones(
+        browser: ClientSession, service: Api, corp: Project, oidc_peer: OidcPeer, prefix: str,
+        db: asyncpg.Pool) -> None:
+    """A subject is unique only at its issuer (OIDC Core 2). Before, identities were keyed by
+    the provider's name alone: one linked while ``corp`` named another issuer signed the same
+    ``sub`` of the new issuer into the old user (review of issue 11). The identity below was
+    linked, to another user, under an issuer ``corp`` named before."""
+    address = email()
+    account = await oidc_peer.account(email=address)
+    first, _ = await sign_in(browser, service, corp, "corp", account=account, callback_prefix=prefix)
+    assert first.status == 200, first.body
+    other = await create_user(corp.api, email())
+    await db.execute("UPDATE oauth_identities SET issuer = 'https://old-idp.example', user_id = $2"
+                     " WHERE project_id = $1 AND provider = 'corp'", corp.id, other["id"])
+    again, _ = await sign_in(browser, service, corp, "corp", account=account, callback_prefix=prefix)
+    assert again.status == 200, again.body
+    assert again.body["user"]["id"] == first.body["user"]["id"] != other["id"]
+
+
 async def test_verified_email_links_an_existing_user(
         browser: ClientSession, service: Api, corp: Project, oidc_peer: OidcPeer,
         prefix: str) -> None:

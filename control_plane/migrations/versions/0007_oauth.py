@@ -8,8 +8,10 @@
   its ``state``; it holds the PKCE ``code_verifier`` (RFC 7636), the OpenID Connect ``nonce``,
   the application's ``redirect_uri`` and the SHA-256 of the browser binding cookie. A callback
   deletes the row it uses (single use); rows past ``expires_at`` are refused and purged.
-* ``oauth_identities``: ``(project, provider, subject) -> user``: how a returning sign-in finds
-  its user. Deleting the user deletes its identities.
+* ``oauth_identities``: ``(project, provider, issuer, subject) -> user``: how a returning
+  sign-in finds its user. A subject is unique only at its issuer (OIDC Core 2), so a generic
+  provider configured again with another issuer starts a namespace of its own (``issuer`` is
+  ``''`` for the fixed providers, whose issuers do not change). Deleting the user deletes its identities.
 
 Revision ID: 0007
 Revises: 0006
@@ -56,12 +58,13 @@ CREATE INDEX oauth_states_expires ON oauth_states (expires_at);
 CREATE TABLE oauth_identities (
     project_id    text NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
     provider      text NOT NULL,
+    issuer        text NOT NULL,
     subject       text NOT NULL,
     user_id       text NOT NULL REFERENCES users (id) ON DELETE CASCADE,
     email         text,
     created_at    timestamptz NOT NULL DEFAULT now(),
     last_used_at  timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (project_id, provider, subject)
+    PRIMARY KEY (project_id, provider, issuer, subject)
 );
 CREATE INDEX oauth_identities_user ON oauth_identities (user_id);
     """)
