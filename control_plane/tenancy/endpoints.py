@@ -46,7 +46,7 @@ async def post_bootstrap(call: Call, body: BootstrapBody) -> web.Response:
           replies=[Reply(200, "The project.", Project)])
 async def get_project(call: Call) -> web.Response:
     """The calling key's project."""
-    return call.reply(await repository.get_project(call.pool, call.project_id))
+    return call.reply(await service.describe_project(call.pool, call.project_id))
 
 
 @endpoint(routes, "PATCH", "/v1/projects/me", auth=KEYS_WRITE, errors=[DomainInUse],
@@ -60,7 +60,7 @@ async def patch_project(call: Call, body: PatchProject) -> web.Response:
     async with call.connection() as conn:
         changes = await service.update_project(conn, call.actor, kms=call.app[KMS],
                                                settings=call.settings, body=body)
-        project = await repository.get_project(conn, call.project_id)
+        project = await service.describe_project(conn, call.project_id)
     if "signing_alg" in changes:
         call.app[KEYRING].forget(call.project_id)
     return call.reply(project)

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
 
 from common.access_tokens import Alg
 from common.ids import new_id
-from control_plane.passkeys.schemas import WebAuthnSettings
-from control_plane.tenancy.schemas import ApiKey, Project
+from control_plane.tenancy.schemas import ApiKey
 
 KEY_COLUMNS: Final = "id, name, prefix, last_four, scopes, created_at, revoked_at, created_by_key_id"
 _PROJECT: Final = """
 SELECT p.id, p.name, p.environment, p.tenant_id, p.created_at, p.signing_alg,
        ARRAY(SELECT d.domain FROM project_domains d WHERE d.project_id = p.id ORDER BY d.domain)
-           AS domains,
-       w.rp_id, w.rp_name, w.origins, w.user_verification
-FROM projects p LEFT JOIN webauthn_settings w ON w.project_id = p.id WHERE p.id = $1
+           AS domains
+FROM projects p WHERE p.id = $1
 """
 
 
@@ -69,12 +67,12 @@ async def mark_key_revoked(conn: asyncpg.Connection, key_id: str) -> ApiKey:
     return api_key(row)
 
 
-async def get_project(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> Project:
+async def get_project(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> dict[str, Any]:
+    """The project's own columns and its domains (the fields of ``Project`` but ``webauthn``,
+    which is the passkeys domain's)."""
     row = await conn.fetchrow(_PROJECT, project_id)
     assert row is not None  # an authenticated key's project exists (FK, cascade on delete)
-    values = dict(row)
-    rp = {k: values.pop(k) for k in ("rp_id", "rp_name", "origins", "user_verification")}
-    return Project(**values, webauthn=WebAuthnSettings(**rp) if rp["rp_id"] is not None else None)
+    return dict(row)
 
 
 async def lock_project_alg(conn: asyncpg.Connection, project_id: str) -> Alg:

@@ -30,6 +30,7 @@ from control_plane.tenancy.schemas import (
     CreateApiKey,
     NewApiKey,
     PatchProject,
+    Project,
     ProjectRef,
     TenantRef,
 )
@@ -138,6 +139,12 @@ async def revoke_api_key(
         )
     authenticator.invalidate(digest)
     return key
+
+
+async def describe_project(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> Project:
+    """The project, with its passkey relying party (``passkeys.relying_party``)."""
+    row = await repository.get_project(conn, project_id)
+    return Project(**row, webauthn=await passkeys.relying_party(conn, project_id))
 
 
 async def update_project(
