@@ -437,6 +437,19 @@ def is_loopback_host(host: str | None) -> bool:
         return False
 
 
+def is_internal_host(host: str | None) -> bool:
+    """Whether ``host``, as written, names this machine or a link-local address (cloud metadata
+    services live at 169.254.169.254): where a provider configured by a project must not send
+    the service in a deployment. Names are judged as written, not resolved."""
+    if is_loopback_host(host):
+        return True
+    try:
+        address = ipaddress.ip_address((host or "").strip("[]"))
+    except ValueError:
+        return False
+    return address.is_link_local or address.is_unspecified
+
+
 def provider_url_problem(url: str) -> str | None:
     """Why ``url`` cannot be an OAuth provider's issuer or base URL, or None: it must be an
     absolute https URL with a host, no query or fragment; http only for a loopback host (a

@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import aiohttp
 import jwt
@@ -33,7 +34,7 @@ from authlib.oauth2.auth import ClientAuth
 from authlib.oauth2.rfc6749.parameters import prepare_grant_uri, prepare_token_request
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 
-from common.settings import Settings, provider_url_problem
+from common.settings import Settings, is_internal_host, provider_url_problem
 
 _ASYMMETRIC: Final = frozenset({"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256",
                                 "ES384", "ES512", "EdDSA"})
@@ -175,7 +176,9 @@ class OAuthClient:
             value = doc.get(field)
             if value is None and field == "userinfo_endpoint":
                 continue
-            if not isinstance(value, str) or provider_url_problem(value) is not None:
+            if not isinstance(value, str) or provider_url_problem(value) is not None or (
+                    not self.settings.base_url_is_local
+                    and is_internal_host(urlsplit(value).hostname)):
                 raise ProviderError("discovery", f"the discovery document's {field} is unusable")
             urls[field] = value
         algs = doc.get("id_token_signing_alg_values_supported") or ["RS256"]

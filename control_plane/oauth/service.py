@@ -29,6 +29,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import asyncpg
 from authlib.common.security import generate_token
@@ -45,7 +46,7 @@ from common.errors import (
 )
 from common.ids import new_id
 from common.schemas import CONTROL_RE
-from common.settings import Settings
+from common.settings import Settings, is_internal_host
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
 from control_plane.oauth import repository
@@ -130,6 +131,13 @@ async def configure_provider(conn: asyncpg.Connection, actor: Actor, *, name: st
                                              "(any name but google, github, microsoft, apple)")
     if body.issuer is not None and not kind.takes_issuer:
         raise InvalidRequest.field("issuer", f"{name} takes no issuer")
+    if (body.issuer is not None and not settings.base_url_is_local
+            and is_internal_host(urlsplit(body.issuer).hostname)):
+        # A provider on this machine is for development (the service itself on localhost); in
+        # a deployment it would let a key holder make the service call its own ports.
+        raise InvalidRequest.field("issuer", "must not name this machine or a link-local "
+                                             "address (allowed only when the service runs on "
+                                             "localhost)")
     scopes = list(dict.fromkeys(body.scopes or kind.default_scopes))
     if kind.oidc and "openid" not in scopes:
         scopes.insert(0, "openid")

@@ -161,6 +161,22 @@ async def test_returning_identity_signs_in_to_the_same_user(
     assert first.body["session"]["id"] != second.body["session"]["id"]
 
 
+async def test_a_deployment_refuses_issuers_on_its_own_machine(
+        settings_factory: Callable[..., Settings], http: ClientSession) -> None:
+    """Loopback issuers are for development, the service itself on localhost (as in these
+    tests). Deployed (a public base URL), a project key naming this machine or a link-local
+    address (cloud metadata) would make the service call its own ports (review of issue 11)."""
+    settings = settings_factory(base_url="https://auth.example.com")
+    async with serving(http, combined_app(settings)) as api:
+        project = await bootstrap_project(api, "deployed")
+        for issuer in ("http://127.0.0.1:5432", "https://localhost", "https://[::1]:6379",
+                       "https://169.254.169.254"):
+            r = await configure(project, "corp", issuer=issuer)
+            assert_error(r, 400, "invalid_request")
+            assert r.body["error"]["details"]["fields"][0]["field"] == "issuer", r.body
+        assert (await configure(project, "corp", issuer="https://idp.example.com")).status == 201
+
+
 async def test_an_identity_of_another_issuer_is_not_this_ones(
         browser: ClientSession, service: Api, corp: Project, oidc_peer: OidcPeer, prefix: str,
         db: asyncpg.Pool) -> None:
