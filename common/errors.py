@@ -251,6 +251,13 @@ class NoSession(ServiceError):
     code, status, default_message = "no_session", 401, "No active session."
 
 
+class InvalidSession(ServiceError):
+    """DESIGN.md "edge validation": a session token was presented and does not hold;
+    ``details.reason`` is ``expired``, ``revoked``, ``signature`` or ``project``."""
+
+    code, status, default_message = "invalid_session", 401, "The session is not valid."
+
+
 class OrgAlreadySelected(ServiceError):
     """SPEC.md 3: select-org happens once per session; switch-org changes the organization."""
 

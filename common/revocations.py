@@ -17,17 +17,20 @@ Contract (SPEC.md 3, "revoked sessions are denied quickly at the edge"):
   promoted) it rebuilds the whole set from PostgreSQL and publishes every member again, so a
   verifier that re-read the set too early still hears of each.
 
-Pure functions, no I/O.
+Pure functions and :class:`RevocationMirror` (the verifier's in-memory copy of the set), no
+I/O: the engine fills the mirror from Redis (``engine.edge``).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Final
 
 from common.access_tokens import LEEWAY_SECONDS as TOKEN_LEEWAY_SECONDS
 
-__all__ = ["LEEWAY_SECONDS", "announced_key", "channel", "set_key", "until"]
+__all__ = ["LEEWAY_SECONDS", "RevocationMirror", "announced_key", "channel", "set_key", "until"]
 
 LEEWAY_SECONDS: Final = 60
 """Kept on every score beyond ``exp``: more than verifiers' clock leeway."""
@@ -54,3 +57,46 @@ def until(access_expires_at: datetime) -> datetime:
     """Until when a session whose latest access token expires ``access_expires_at`` must stay
     in the set (its score is this time in Unix seconds)."""
     return access_expires_at + timedelta(seconds=LEEWAY_SECONDS)
+
+
+class RevocationMirror:
+    """A verifier's copy of the revocation set: session id -> score (Unix seconds until which
+    a token of that session could verify). :meth:`is_revoked` is one dict lookup.
+
+    The owner loads it with :meth:`merge` (the whole set, at start and after every
+    (re)subscription), adds announced sessions with :meth:`add`, and calls :meth:`prune` now and
+    then to drop entries past their score."""
+
+    __slots__ = ("_until",)
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def is_revoked(self, session_id: str) -> bool:
+        """Whether ``session_id`` is in the set (an entry past its score may linger until the
+        next :meth:`prune`; no token of its session verifies then anyway)."""
+        return session_id in self._until
+
+    def add(self, session_id: str, score: float) -> None:
+        """Mark ``session_id`` revoked until ``score`` (Unix seconds; a later score wins)."""
+        if self._until.get(session_id, 0.0) < score:
+            self._until[session_id] = score
+
+    def merge(self, entries: Iterable[tuple[str, float]]) -> None:
+        """Add the whole set read from Redis, ``entries`` (member, score). Nothing is
+        forgotten but by :meth:`prune`: a revocation is never undone, and a set that Redis lost
+        (restarted without persistence) is rebuilt by its writer and announced again."""
+        for session_id, score in entries:
+            self.add(session_id, score)
+
+    def prune(self, now: float | None = None) -> int:
+        """Drop entries past their score (``now`` in Unix seconds, default the clock); returns
+        how many were dropped."""
+        now = time.time() if now is None else now
+        stale = [sid for sid, score in self._until.items() if score < now]
+        for sid in stale:
+            del self._until[sid]
+        return len(stale)
