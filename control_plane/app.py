@@ -60,6 +60,7 @@ from control_plane.users import endpoints as users
 from control_plane.web.pagination import load_cursor_secret
 from control_plane.web.ratelimit import RateLimits
 from engine.checks import routes as engine_routes
+from engine.edge import routes as edge_routes
 
 TITLE: Final = "authio"
 DESCRIPTION: Final = (
@@ -91,9 +92,9 @@ def _tables(dev_mailbox: bool) -> list[RouteTable]:
 @functools.cache
 def openapi_document(*, dev_mailbox: bool) -> bytes:
     """The OpenAPI 3.1 document of every route the service answers: the probes, the engine's
-    checks, and the control plane's (the development mailbox's with ``dev_mailbox``), as
+    checks and edge validation, and the control plane's (the development mailbox's with ``dev_mailbox``), as
     ``document_json`` writes it."""
-    tables = [health_routes, engine_routes, *_tables(dev_mailbox)]
+    tables = [health_routes, engine_routes, edge_routes, *_tables(dev_mailbox)]
     doc = build_document(operations(tables), title=TITLE, version=metadata.version("authio"),
                          description=DESCRIPTION,
                          tags=[(t.tag, t.description) for t in tables])

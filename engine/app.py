@@ -1,4 +1,5 @@
-"""The engine's app: its routes (checks and batch checks), the store registry, readiness.
+"""The engine's app: its routes (checks, batch checks, edge validation), the store registry,
+readiness.
 
 ``create_engine_app`` is ``authio serve engine``; ``setup_engine`` adds the engine to an app that
 may host the control plane too (``authio serve``).
@@ -13,6 +14,7 @@ from aiohttp import web
 from common.appkeys import PG_POOL, READINESS, SETTINGS, Readiness
 from common.runtime import base_app, install_resources
 from common.settings import Settings
+from engine import edge
 from engine.appkeys import STORES
 from engine.checks import routes
 from engine.registry import StoreRegistry
@@ -36,9 +38,11 @@ def setup_engine(app: web.Application) -> None:
     """Add the engine to ``app`` (built by ``common.runtime.base_app``): shared resources, the
     store registry (started in a cleanup context; loads in the background), its readiness probe
     (``/readyz`` answers 503 until every store is loaded and caught up, then 200, with status
-    ``stale`` while the registry cannot follow the change log), and the check routes."""
+    ``stale`` while the registry cannot follow the change log), the check routes, and edge
+    session validation (``engine.edge``: its revocation mirror and routes)."""
     install_resources(app)
     app.cleanup_ctx.append(_registry_ctx)
+    app.cleanup_ctx.append(edge.edge_ctx)
 
     def stores_ready() -> Readiness:
         registry = app.get(STORES)
@@ -48,6 +52,7 @@ def setup_engine(app: web.Application) -> None:
 
     app[READINESS].append(stores_ready)
     routes.mount(app.router)
+    edge.routes.mount(app.router)
 
 
 def create_engine_app(settings: Settings) -> web.Application:

@@ -10,7 +10,16 @@ from typing import Final
 
 from aiohttp import web
 
+from common.access_tokens import AccessClaims
+from common.revocations import RevocationMirror
 from engine.registry import StoreRegistry
 
 STORES: Final = web.AppKey("engine_stores", StoreRegistry)
 """The store registry: every store's tuple graph in memory (set while the app runs)."""
+
+REVOCATIONS: Final = web.AppKey("engine_revocations", RevocationMirror)
+"""The revoked sessions, mirrored from Redis by ``engine.edge`` (set while the app runs)."""
+
+VERIFIED_TOKENS: Final = web.AppKey("engine_verified_tokens", dict[str, AccessClaims])
+"""Access tokens already verified, by their signature part, until they expire
+(``engine.edge``)."""

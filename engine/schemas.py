@@ -13,8 +13,9 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from common.http import OMIT_IF_NONE
+from common.ids import id_pattern
 from common.schemas import RequestModel
-from common.tuples import TupleKey
+from common.tuples import ObjectName, RelationName, TupleKey
 
 MAX_BATCH = 1000
 """Most items one batch-check may hold."""
@@ -75,3 +76,39 @@ class BatchCheckResult:
     results: list[CheckResult | ItemError]
     revision: int
     stale: Literal[True] | None = field(default=None, metadata={OMIT_IF_NONE: True})
+
+
+ProjectId = Annotated[str, Field(pattern=id_pattern("proj"))]
+StoreId = Annotated[str, Field(pattern=id_pattern("store"))]
+
+
+class EdgeQuery(RequestModel):
+    """Query parameters of edge validation: ``project_id`` pins the project a token must
+    belong to; ``store_id``, ``object`` and ``relation`` (all three or none) ask in the same
+    call whether ``user:<sub>`` has the relation on the object."""
+
+    project_id: ProjectId | None = None
+    store_id: StoreId | None = None
+    object: ObjectName | None = None
+    relation: RelationName | None = None
+
+
+class EdgeValidateBody(RequestModel):
+    """The JSON body of ``POST /v1/edge/validate``: the permission to check with the session
+    (all three or none; query parameters of the same name win)."""
+
+    store_id: StoreId | None = None
+    object: ObjectName | None = None
+    relation: RelationName | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeIdentity:
+    """Who a valid session is: ``org_id`` and ``org_role`` are null when no organization is
+    selected (and their ``Service-Org-*`` headers absent)."""
+
+    user_id: str
+    session_id: str
+    org_id: str | None
+    org_role: str | None
+    project_id: str

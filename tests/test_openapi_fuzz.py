@@ -175,7 +175,8 @@ async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
     invitation = await make(f"/v1/organizations/{org}/invitations", {"email": email()})
     key = await make("/v1/api-keys", {"prefix": "sk_live_", "name": "fuzz", "scopes": []})
     ids = {"store_id": store, "user_id": user, "org_id": org, "membership_id": membership,
-           "invitation_id": invitation, "key_id": key, "provider": "github"}
+           "invitation_id": invitation, "key_id": key, "provider": "github",
+           "tail": "app/things/1"}
     # GitHub: its endpoints are fixed, so starting a sign-in reaches no network.
     r = await api.request("PUT", "/v1/oauth/providers/github", json={
         "client_id": "fuzz", "client_secret": "fuzz-secret",
@@ -286,6 +287,10 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
     ("an Idempotency-Key already used with other tuples: the state of a key, as 404 is for an "
      "id (generated keys repeat across cases)",
      lambda case, r: error_code(r) == "idempotency_key_reused"),
+    ("edge validation's permission is store_id, object and relation together or none: three "
+     "parameters, counted",
+     lambda case, r: bool(refused_fields(r)) and all(
+         "store_id, object and relation" in m for _, m in refused_fields(r))),
     ("an OAuth state that was never issued, or is used up: the state of a sign-in, as 404 is "
      "for an id",
      lambda case, r: bool(refused_fields(r)) and all(f == "state" for f, _ in refused_fields(r))),

@@ -1,0 +1,402 @@
+"""Edge session validation (DESIGN.md "edge validation"): is this session valid, and may its
+user do this? Asked by edge proxies (nginx ``auth_request``, Caddy/Traefik forward auth, Envoy
+``ext_authz``) on every request, so answered from memory.
+
+Routes:
+
+* ``GET/POST /v1/edge/validate``: a JSON body ``{"user_id", "session_id", "org_id",
+  "org_role", "project_id"}`` and the same as ``Service-User-Id``, ``Service-Session-Id``,
+  ``Service-Org-Id``, ``Service-Org-Role``, ``Service-Project-Id`` headers (the org ones null
+  and absent when no organization is selected). Bad parameters are 400 ``invalid_request``.
+* ``/v1/edge/auth`` and ``/v1/edge/auth/{tail}`` (any documented method, any tail: the
+  forward-auth form): the same headers and body, but only ever 200, 401 or 403, since nginx
+  treats anything else as a 500 and Envoy allows only exactly 200. Bad permission parameters,
+  another project's store, a check the engine cannot answer (loading, depth cap, PostgreSQL
+  away) all deny with 403.
+
+The token: ``Authorization: Bearer`` (wins), else the ``service_session`` cookie. None is 401
+``no_session``; one that does not hold is 401 ``invalid_session`` with ``details.reason``:
+``signature`` (not a well-formed JWT, unknown key, bad signature or claims), ``expired``,
+``project`` (``project_id`` query parameter or ``Service-Project`` header names another
+project), ``revoked`` (in the revocation set). The session is judged before the permission:
+with ``store_id``, ``object`` and ``relation`` (query parameters, or the JSON body of a POST to
+``validate``; all three or none) the call also checks ``user:<sub>`` in the in-memory graph and
+answers 403 ``forbidden`` when denied.
+
+State (``engine.appkeys``): :data:`~engine.appkeys.REVOCATIONS`, the revocation set mirrored
+from Redis by :func:`follow_session_revocations` (loaded in full at start and after every
+(re)subscription, kept current from the channel, pruned past the scores), and
+:data:`~engine.appkeys.VERIFIED_TOKENS`, tokens already verified until they expire, so a
+repeated token costs a dict lookup and the revocation test. Keys come from the shared
+``common.jwks.PgKeySource`` (cached per ``kid``, an unknown ``kid`` remembered for its TTL). No
+audit event per validation: it is a hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Final
+
+import orjson
+from aiohttp import web
+from redis.asyncio import Redis
+
+from common.access_tokens import LEEWAY_SECONDS, AccessClaims, InvalidToken, verify_access_token
+from common.appkeys import REDIS, SETTINGS, SIGNING_KEYS
+from common.errors import (
+    Forbidden,
+    InvalidRequest,
+    InvalidSession,
+    NoSession,
+    NotReady,
+    ResolutionTooComplex,
+    ServiceError,
+)
+from common.http import REQUEST_ID, read_json
+from common.ids import is_id
+from common.revocations import LEEWAY_SECONDS as REVOCATION_LEEWAY_SECONDS
+from common.revocations import RevocationMirror, channel, set_key
+from common.routing import METHODS, Operation, Reply, RouteTable, summary_of
+from common.runtime import every, stop_tasks
+from common.tuples import TupleFormatError, validate_object, validate_relation
+from engine import graph
+from engine.appkeys import REVOCATIONS, STORES, VERIFIED_TOKENS
+from engine.schemas import EdgeIdentity, EdgeQuery, EdgeValidateBody
+
+__all__ = ["edge_ctx", "follow_session_revocations", "forward_auth", "routes", "validate"]
+
+log = logging.getLogger(__name__)
+
+routes = RouteTable("edge", "Session validation for edge proxies, answered from memory.")
+
+SESSION_COOKIE: Final = "service_session"
+"""The control plane's session cookie (``control_plane.web.cookies``): the access JWT."""
+PRUNE_SECONDS: Final = 60.0
+"""How often revocation entries past their score are dropped."""
+MAX_VERIFIED: Final = 100_000
+"""Most verified tokens remembered; past it, expired ones are dropped (all if none expired)."""
+
+_HEADERS: Final = {
+    "Service-User-Id": "The session's user id.",
+    "Service-Session-Id": "The session id.",
+    "Service-Org-Id": "The selected organization's id; absent when none is selected.",
+    "Service-Org-Role": "The user's role in the selected organization; absent when none.",
+    "Service-Project-Id": "The project the session belongs to.",
+}
+_REQUEST_HEADERS: Final = {
+    "Service-Project": "Pins the project: a token of another project is refused (reason "
+                       "`project`). The `project_id` query parameter wins.",
+}
+_PERMISSION: Final = ("store_id", "object", "relation")
+
+
+# -- the revocation mirror, kept from Redis ------------------------------------------------------
+
+
+async def _load(redis: Redis, key: str, mirror: RevocationMirror) -> None:
+    """Merge the whole sorted set ``key`` into ``mirror`` (entries past their score skipped)."""
+    now = time.time()
+    entries: list[Any] = await redis.zrangebyscore(key, now, "+inf", withscores=True)
+    mirror.merge((m.decode() if isinstance(m, bytes) else str(m), float(s)) for m, s in entries)
+
+
+class _ReloadOnReconnect:
+    """A connect callback for the pub/sub connection (redis-py keeps it as a weak method):
+    redis-py reconnects and subscribes again by itself, and anything announced while it was away
+    was missed, so the whole set is read again each time (in a task: the callback is sync)."""
+
+    def __init__(self, redis: Redis, key: str, mirror: RevocationMirror) -> None:
+        self.redis, self.key, self.mirror = redis, key, mirror
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def connected(self, _connection: object) -> None:
+        task = asyncio.get_running_loop().create_task(self._reload())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _reload(self) -> None:
+        try:
+            await _load(self.redis, self.key, self.mirror)
+        except Exception as exc:  # the feed's own loop reads it again when it resubscribes
+            log.warning("revocation set not re-read after a reconnect (%s: %s)",
+                        type(exc).__name__, exc)
+
+
+async def follow_session_revocations(redis: Redis, prefix: str, mirror: RevocationMirror, *,
+                                     horizon_seconds: float,
+                                     loaded: asyncio.Event | None = None) -> None:
+    """Run forever: keep ``mirror`` equal to the revocation set (``common.revocations``).
+
+    Subscribes to the channel first, then reads the whole set (so nothing falls between the
+    two), and reads it again after every reconnection redis-py makes by itself and every
+    resubscription made here after a failure (retried every second or sooner). A session heard
+    on the channel is revoked for ``horizon_seconds`` (the longest an access token lives, plus
+    leeway: its real score is no later); ``loaded`` is set after the first full read."""
+    key = set_key(prefix)
+    hook = _ReloadOnReconnect(redis, key, mirror)
+    failures = 0
+    while True:
+        try:
+            async with redis.pubsub() as pubsub:
+                await pubsub.subscribe(channel(prefix))
+                if pubsub.connection is not None:
+                    pubsub.connection.register_connect_callback(hook.connected)
+                await _load(redis, key, mirror)
+                if loaded is not None:
+                    loaded.set()
+                if failures:
+                    log.info("session revocations followed again")
+                failures = 0
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        data = message["data"]
+                        sid = data.decode() if isinstance(data, bytes) else str(data)
+                        mirror.add(sid, time.time() + horizon_seconds)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures += 1
+            if failures == 1:
+                log.warning("session revocation feed lost (%s: %s); retrying every 1 s or less",
+                            type(exc).__name__, exc)
+            await asyncio.sleep(min(1.0, 0.1 * 2 ** (failures - 1)))
+
+
+async def edge_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The cleanup context of edge validation: the mirror, its feed and pruning, the cache.
+    Waits (up to 2 s) for the first full read of the set, so a revoked session is refused from
+    the first request on whenever Redis answers."""
+    settings = app[SETTINGS]
+    mirror = RevocationMirror()
+    app[REVOCATIONS], app[VERIFIED_TOKENS] = mirror, {}
+    loaded = asyncio.Event()
+    horizon = settings.access_token_ttl_seconds + REVOCATION_LEEWAY_SECONDS
+    feed = asyncio.create_task(follow_session_revocations(
+        app[REDIS], settings.redis_prefix, mirror, horizon_seconds=horizon, loaded=loaded))
+
+    async def prune() -> None:
+        mirror.prune()
+
+    pruner = asyncio.create_task(every(PRUNE_SECONDS, prune, what="revocation pruning",
+                                       logger=log, first_after=PRUNE_SECONDS))
+    try:
+        await asyncio.wait_for(loaded.wait(), 2.0)
+    except TimeoutError:
+        log.warning("revocation set not read yet; edge validation starts without it")
+    try:
+        yield
+    finally:
+        await stop_tasks(feed, pruner)
+
+
+# -- judging a request -------------------------------------------------------------------------
+
+
+def _token(request: web.Request) -> str | None:
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.cookies.get(SESSION_COOKIE) or None
+
+
+def _invalid_session(reason: str, message: str) -> InvalidSession:
+    return InvalidSession(message, details={"reason": reason})
+
+
+async def _claims(request: web.Request, token: str) -> AccessClaims:
+    """The verified claims of ``token``, from the cache when it was verified before."""
+    cache = request.app[VERIFIED_TOKENS]
+    claims = cache.get(token)
+    now = time.time()
+    if claims is not None:
+        if claims.exp + LEEWAY_SECONDS >= now:
+            return claims
+        del cache[token]
+        raise _invalid_session("expired", "The access token has expired.")
+    try:
+        claims = await verify_access_token(token, keys=request.app[SIGNING_KEYS],
+                                           issuer=request.app[SETTINGS].public_base_url)
+    except InvalidToken as exc:
+        reason = "expired" if exc.reason == "expired" else "signature"
+        raise _invalid_session(reason, exc.message) from None
+    if len(cache) >= MAX_VERIFIED:
+        for stale in [t for t, c in cache.items() if c.exp + LEEWAY_SECONDS < now]:
+            del cache[stale]
+        if len(cache) >= MAX_VERIFIED:
+            cache.clear()
+    cache[token] = claims
+    return claims
+
+
+def _pinned_project(request: web.Request) -> str | None:
+    pinned = request.query.get("project_id")
+    return pinned if pinned is not None else request.headers.get("Service-Project") or None
+
+
+async def _session(request: web.Request) -> AccessClaims:
+    """Judge the session; raises NoSession or InvalidSession (``details.reason``)."""
+    token = _token(request)
+    if token is None:
+        raise NoSession("No session: send the access token as a Bearer token or the "
+                        "service_session cookie.")
+    claims = await _claims(request, token)
+    pinned = _pinned_project(request)
+    if pinned is not None and pinned != claims.pid:
+        raise _invalid_session("project", "The session belongs to another project.")
+    if request.app[REVOCATIONS].is_revoked(claims.sid):
+        raise _invalid_session("revoked", "The session has been revoked.")
+    return claims
+
+
+def _check_pin(request: web.Request) -> None:
+    """Raises InvalidRequest when the ``project_id`` query parameter is not a project id."""
+    pinned = request.query.get("project_id")
+    if pinned is not None and not is_id(pinned, "proj"):
+        raise InvalidRequest.field("project_id", "not a project id")
+
+
+def _permission(values: dict[str, Any]) -> tuple[str, str, str] | None:
+    """``(store_id, object, relation)`` from ``values``, None when none is given; raises
+    InvalidRequest (``details.fields``) when some are missing or malformed."""
+    given: dict[str, Any] = {k: values[k] for k in _PERMISSION if values.get(k) is not None}
+    if not given:
+        return None
+    fields: list[dict[str, str]] = []
+    for name in _PERMISSION:
+        value = given.get(name)
+        if value is None:
+            fields.append({"field": name, "message": "field required with "
+                                                     "store_id, object and relation"})
+        elif type(value) is not str:
+            fields.append({"field": name, "message": "must be a string"})
+    if not fields:
+        if not is_id(given["store_id"], "store"):
+            fields.append({"field": "store_id", "message": "not a store id"})
+        for name, check in (("object", validate_object), ("relation", validate_relation)):
+            try:
+                check(given[name])
+            except TupleFormatError as exc:
+                fields.append({"field": name, "message": exc.message})
+    if fields:
+        first = fields[0]
+        raise InvalidRequest(f"{first['field']}: {first['message']}", details={"fields": fields})
+    return str(given["store_id"]), str(given["object"]), str(given["relation"])
+
+
+async def _allowed(request: web.Request, claims: AccessClaims,
+                   permission: tuple[str, str, str]) -> None:
+    """Check ``user:<sub>`` against the store's graph; raises Forbidden when denied (also for a
+    missing store or another project's), NotReady while the stores load, ResolutionTooComplex
+    at the depth cap."""
+    store_id, obj, relation = permission
+    registry = request.app[STORES]
+    store = registry.peek(store_id)
+    if store is None:
+        timeout = request.app[SETTINGS].consistency_timeout_ms / 1000
+        if not registry.ready and not await registry.wait_ready(timeout):
+            raise NotReady()
+        store = await registry.get(store_id)
+    if store is None or store.project_id != claims.pid:
+        raise Forbidden("No such store in the session's project.", details={"reason": "store"})
+    try:
+        result = graph.check(store.graph, object=obj, relation=relation, user=f"user:{claims.sub}",
+                             max_depth=request.app[SETTINGS].check_max_depth)
+    except graph.ResolutionTooComplex as exc:
+        raise ResolutionTooComplex(details={"max_depth": exc.max_depth}) from None
+    if not result.allowed:
+        raise Forbidden(f"The user may not {relation} {obj}.",
+                        details={"reason": "permission", "object": obj, "relation": relation})
+
+
+def _answer(request: web.Request, claims: AccessClaims) -> web.Response:
+    headers = {"Content-Type": "application/json", "Service-User-Id": claims.sub,
+               "Service-Session-Id": claims.sid, "Service-Project-Id": claims.pid}
+    if claims.act_org is not None:
+        headers["Service-Org-Id"] = claims.act_org
+        if claims.act_role is not None:
+            headers["Service-Org-Role"] = claims.act_role
+    body = {"user_id": claims.sub, "session_id": claims.sid, "org_id": claims.act_org,
+            "org_role": claims.act_role, "project_id": claims.pid,
+            "request_id": request[REQUEST_ID]}
+    return web.Response(body=orjson.dumps(body), headers=headers)
+
+
+# -- handlers ----------------------------------------------------------------------------------
+
+_REPLY: Final = Reply(200, "The session is valid (and the permission, when asked, allowed).",
+                      EdgeIdentity, headers=_HEADERS)
+_SECURITY: Final = ("session",)
+
+
+async def validate(request: web.Request) -> web.Response:
+    """Validate a session (and optionally a permission) for an edge proxy.
+
+    The access token comes as ``Authorization: Bearer`` or the ``service_session`` cookie (the
+    Bearer token wins). 401 ``no_session`` without one; 401 ``invalid_session`` with
+    ``details.reason`` ``signature``, ``expired``, ``project`` (``project_id`` or
+    ``Service-Project`` names another project) or ``revoked``. With ``store_id``, ``object``
+    and ``relation`` (query parameters, or the JSON body of a POST; all three or none) the
+    call also checks ``user:<sub>`` and answers 403 ``forbidden`` when denied; the session is
+    judged first. Bad parameters are 400 ``invalid_request``."""
+    values: dict[str, Any] = dict(request.query)
+    if request.method == "POST" and request.can_read_body:
+        body = await read_json(request)
+        unknown = [k for k in body if k not in _PERMISSION]
+        if unknown:
+            raise InvalidRequest(f"{unknown[0]}: unknown field", details={
+                "fields": [{"field": k, "message": "unknown field"} for k in unknown]})
+        values = {**body, **{k: v for k, v in values.items() if k in _PERMISSION}}
+    _check_pin(request)
+    permission = _permission(values)
+    claims = await _session(request)
+    if permission is not None:
+        await _allowed(request, claims, permission)
+    return _answer(request, claims)
+
+
+async def forward_auth(request: web.Request) -> web.Response:
+    """Forward auth for an edge proxy: 200 with the identity headers, 401, or 403.
+
+    The proxy calls this for each request it guards (any method; ``X-Forwarded-Method``,
+    ``X-Forwarded-Uri``, ``X-Original-URI`` and ``X-Forwarded-Host`` describe the original
+    request, and any path may follow ``/v1/edge/auth/``). The token and the answers are those
+    of ``validate``, except that it only ever answers 200, 401 or 403: what ``validate`` would
+    refuse with another status (bad permission parameters, another project's store, stores
+    still loading, the depth cap, PostgreSQL unreachable) is denied with 403 ``forbidden``."""
+    try:
+        _check_pin(request)
+        permission = _permission(dict(request.query))
+        claims = await _session(request)
+        if permission is not None:
+            await _allowed(request, claims, permission)
+    except ServiceError as exc:
+        if exc.status in (401, 403):
+            raise
+        raise Forbidden(exc.message, details={"reason": exc.code}) from None
+    except Exception as exc:  # an outage must not become a 500 the proxy turns into an error
+        log.warning("forward auth denied: %s: %s", type(exc).__name__, exc)
+        raise Forbidden("The session cannot be judged now.",
+                        details={"reason": "unavailable"}) from None
+    return _answer(request, claims)
+
+
+def _add(method: str, path: str, handler: Any, operation_id: str, *, body: type[Any] | None,
+         errors: tuple[type[ServiceError], ...]) -> None:
+    summary, description = summary_of(handler)
+    routes.add(Operation(method=method, path=path, handler=handler, operation_id=operation_id,
+                         tag=routes.tag, summary=summary, description=description,
+                         security=_SECURITY, query=EdgeQuery, body=body,
+                         headers=_REQUEST_HEADERS, replies=(_REPLY,), errors=errors))
+
+
+_VALIDATE_ERRORS: Final = (NoSession, InvalidSession, Forbidden, NotReady, ResolutionTooComplex)
+_add("GET", "/v1/edge/validate", validate, "edge_validate", body=None, errors=_VALIDATE_ERRORS)
+_add("POST", "/v1/edge/validate", validate, "edge_validate_post", body=EdgeValidateBody,
+     errors=_VALIDATE_ERRORS)
+for _method in sorted(METHODS):
+    for _path, _suffix in (("/v1/edge/auth", ""), (r"/v1/edge/auth/{tail:[\s\S]*}", "_tail")):
+        _add(_method, _path, forward_auth, f"edge_auth{_suffix}_{_method.lower()}", body=None,
+             errors=(NoSession, InvalidSession, Forbidden))
