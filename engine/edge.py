@@ -183,7 +183,8 @@ async def edge_ctx(app: web.Application) -> AsyncIterator[None]:
     pruner = asyncio.create_task(every(PRUNE_SECONDS, prune, what="revocation pruning",
                                        logger=log, first_after=PRUNE_SECONDS))
     try:
-        await asyncio.wait_for(loaded.wait(), 2.0)
+        async with asyncio.timeout(2.0):  # not wait_for: see tests/messages/test_outbox.py
+            await loaded.wait()
     except TimeoutError:
         log.warning("revocation set not read yet; edge validation starts without it")
     try:
