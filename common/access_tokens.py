@@ -50,6 +50,9 @@ __all__ = [
 Alg = Literal["EdDSA", "RS256"]
 ALGS: Final[tuple[Alg, ...]] = ("EdDSA", "RS256")
 AUDIENCE: Final = "service"
+SESSION_COOKIE: Final = "service_session"
+"""The cookie that carries the access token to browsers (HttpOnly, SameSite=Lax; set by the
+control plane at sign-in, read by the engine's edge validation)."""
 LEEWAY_SECONDS: Final = 30
 REQUIRED_CLAIMS: Final = ("iss", "aud", "sub", "sid", "iat", "nbf", "exp", "pid")
 

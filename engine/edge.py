@@ -44,7 +44,13 @@ import orjson
 from aiohttp import web
 from redis.asyncio import Redis
 
-from common.access_tokens import LEEWAY_SECONDS, AccessClaims, InvalidToken, verify_access_token
+from common.access_tokens import (
+    LEEWAY_SECONDS,
+    SESSION_COOKIE,
+    AccessClaims,
+    InvalidToken,
+    verify_access_token,
+)
 from common.appkeys import REDIS, SETTINGS, SIGNING_KEYS
 from common.errors import (
     Forbidden,
@@ -72,8 +78,6 @@ log = logging.getLogger(__name__)
 
 routes = RouteTable("edge", "Session validation for edge proxies, answered from memory.")
 
-SESSION_COOKIE: Final = "service_session"
-"""The control plane's session cookie (``control_plane.web.cookies``): the access JWT."""
 PRUNE_SECONDS: Final = 60.0
 """How often revocation entries past their score are dropped."""
 MAX_VERIFIED: Final = 100_000

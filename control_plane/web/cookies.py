@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Final
-
 from aiohttp import web
 
+from common.access_tokens import SESSION_COOKIE
 from common.settings import Settings
 
-SESSION_COOKIE: Final = "service_session"
+__all__ = ["SESSION_COOKIE", "clear_session_cookie", "secure_cookies", "set_session_cookie"]
+
 
 
 def set_session_cookie(response: web.StreamResponse, token: str, *, max_age: int,
