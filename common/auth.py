@@ -24,7 +24,7 @@ import asyncpg
 from opentelemetry import trace
 from redis.asyncio import Redis
 
-from common.db import DatabaseUnresponsive, is_connection_error
+from common.db import DatabaseUnresponsive, follow_channel, is_connection_error
 from common.errors import InsufficientScope, InvalidApiKey, MissingApiKey
 
 log = logging.getLogger("authio.auth")
@@ -301,29 +301,11 @@ async def follow_revocations(redis: Redis, prefix: str, auth: ApiKeyAuthenticato
     Whenever the subscription may have missed a message (the first subscription, every
     reconnection redis-py makes by itself, and every one made here after it gave up) the whole
     cache is forgotten, so a key revoked while Redis was away is looked up again at once."""
-    channel = revocation_channel(prefix)
     hook = _ForgetOnReconnect(auth)
-    failures = 0
-    while True:
-        try:
-            async with redis.pubsub() as pubsub:
-                await pubsub.subscribe(channel)
-                auth.clear()  # messages may have been missed while unsubscribed
-                if pubsub.connection is not None:
-                    pubsub.connection.register_connect_callback(hook.connected)
-                if failures:
-                    log.info("revocation feed followed again")
-                failures = 0
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        data = message["data"]
-                        auth.invalidate(data.decode() if isinstance(data, bytes) else str(data))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            failures += 1
-            delay = min(1.0, 0.1 * 2 ** (failures - 1))
-            if failures == 1:
-                log.warning("revocation feed lost (%s: %s); retrying every %.1f s or less",
-                            type(exc).__name__, exc, 1.0)
-            await asyncio.sleep(delay)
+
+    async def subscribed() -> None:
+        auth.clear()  # messages may have been missed while unsubscribed
+
+    await follow_channel(redis, revocation_channel(prefix), on_message=auth.invalidate,
+                         on_subscribed=subscribed, on_reconnect=hook.connected,
+                         what="API-key revocation feed", logger=log)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import asyncpg
@@ -250,6 +250,41 @@ def create_redis(url: str) -> Redis:
         retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30,
         socket_timeout=5, socket_connect_timeout=5,
     )
+
+
+async def follow_channel(redis: Redis, channel: str, *, on_message: Callable[[str], None],
+                         on_subscribed: Callable[[], Awaitable[None]],
+                         on_reconnect: Callable[[Any], None], what: str,
+                         logger: logging.Logger) -> None:
+    """Run forever: call ``on_message`` with each message published on the Redis pub/sub
+    ``channel`` (decoded to text). Every time a message may have been missed, the follower is
+    told: ``on_subscribed`` after each subscription this loop makes (the first, and again after
+    a failure, retried within 0.1 to 1 s), ``on_reconnect`` (sync; redis-py keeps it as a weak
+    method, so its owner must live as long as the loop) after each reconnection redis-py makes
+    by itself, which subscribes again without telling. ``what`` names the feed in the log."""
+    failures = 0
+    while True:
+        try:
+            async with redis.pubsub() as pubsub:
+                await pubsub.subscribe(channel)
+                if pubsub.connection is not None:
+                    pubsub.connection.register_connect_callback(on_reconnect)
+                await on_subscribed()
+                if failures:
+                    logger.info("%s followed again", what)
+                failures = 0
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        data = message["data"]
+                        on_message(data.decode() if isinstance(data, bytes) else str(data))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            failures += 1
+            if failures == 1:
+                logger.warning("%s lost (%s: %s); retrying every 1 s or less", what,
+                               type(exc).__name__, exc)
+            await asyncio.sleep(min(1.0, 0.1 * 2 ** (failures - 1)))
 
 
 _LISTEN_CHECK_SECONDS: Final = 10.0

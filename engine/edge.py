@@ -52,6 +52,7 @@ from common.access_tokens import (
     verify_access_token,
 )
 from common.appkeys import REDIS, SETTINGS, SIGNING_KEYS
+from common.db import follow_channel
 from common.errors import (
     Forbidden,
     InvalidRequest,
@@ -141,32 +142,17 @@ async def follow_session_revocations(redis: Redis, prefix: str, mirror: Revocati
     leeway: its real score is no later); ``loaded`` is set after the first full read."""
     key = set_key(prefix)
     hook = _ReloadOnReconnect(redis, key, mirror)
-    failures = 0
-    while True:
-        try:
-            async with redis.pubsub() as pubsub:
-                await pubsub.subscribe(channel(prefix))
-                if pubsub.connection is not None:
-                    pubsub.connection.register_connect_callback(hook.connected)
-                await _load(redis, key, mirror)
-                if loaded is not None:
-                    loaded.set()
-                if failures:
-                    log.info("session revocations followed again")
-                failures = 0
-                async for message in pubsub.listen():
-                    if message.get("type") == "message":
-                        data = message["data"]
-                        sid = data.decode() if isinstance(data, bytes) else str(data)
-                        mirror.add(sid, time.time() + horizon_seconds)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            failures += 1
-            if failures == 1:
-                log.warning("session revocation feed lost (%s: %s); retrying every 1 s or less",
-                            type(exc).__name__, exc)
-            await asyncio.sleep(min(1.0, 0.1 * 2 ** (failures - 1)))
+
+    async def subscribed() -> None:
+        await _load(redis, key, mirror)
+        if loaded is not None:
+            loaded.set()
+
+    def revoked(session_id: str) -> None:
+        mirror.add(session_id, time.time() + horizon_seconds)
+
+    await follow_channel(redis, channel(prefix), on_message=revoked, on_subscribed=subscribed,
+                         on_reconnect=hook.connected, what="session revocation feed", logger=log)
 
 
 async def edge_ctx(app: web.Application) -> AsyncIterator[None]:
