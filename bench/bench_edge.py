@@ -22,7 +22,7 @@ What it does:
    over the signed-in sessions, so every one is a cache hit after the first pass). Requests/s,
    p50/p99 and server CPU µs per request (``/proc`` of the server process), and the ratios the
    issue sets targets for: forward auth ≥ 70 % of the ceiling with p99 < 2 ms at c=16, validate +
-   check ≤ 1.2× a check (compared by server CPU per request and by throughput).
+   check ≤ 1.2 times a check (compared by server CPU per request and by throughput).
 3. **Revocation lag** (``--revocations`` sessions, one at a time): the session is validated
    once at the engine (so its token is cached as verified), revoked through the control plane
    (``POST /v1/sessions/revoke``), and the engine asked again and again on one connection until
@@ -67,13 +67,13 @@ from bench_http import (  # noqa: E402
 from bench_identity import (  # noqa: E402
     DEFAULT_PG,
     DEFAULT_REDIS,
+    Server,
     ensure_database,
     make_tokens,
     migrate,
     server_env,
     wait_ready,
     with_db,
-    Server,
 )
 
 from control_plane.magic_links.service import VERIFY_PATH  # noqa: E402
