@@ -8,11 +8,11 @@ Routes:
   "org_role", "project_id"}`` and the same as ``Service-User-Id``, ``Service-Session-Id``,
   ``Service-Org-Id``, ``Service-Org-Role``, ``Service-Project-Id`` headers (the org ones null
   and absent when no organization is selected). Bad parameters are 400 ``invalid_request``.
-* ``/v1/edge/auth`` and ``/v1/edge/auth/{tail}`` (any documented method, any tail: the
-  forward-auth form): the same headers and body, but only ever 200, 401 or 403, since nginx
-  treats anything else as a 500 and Envoy allows only exactly 200. Bad permission parameters,
-  another project's store, a check the engine cannot answer (loading, depth cap, PostgreSQL
-  away) all deny with 403.
+* ``/v1/edge/auth`` and ``/v1/edge/auth/{tail}`` (any method, any tail: the forward-auth
+  form; :func:`mount` adds the methods the document does not list): the same headers and
+  body, but only ever 200, 401 or 403, since nginx treats anything else as a 500 and Envoy
+  allows only exactly 200. Bad permission parameters, another project's store, a check the
+  engine cannot answer (loading, depth cap, PostgreSQL away) all deny with 403.
 
 Where the forward-auth form's parameters come from: the permission and the project pin only
 from headers the proxy sets (``Service-Check-Store``, ``Service-Check-Object``,
@@ -89,7 +89,8 @@ from engine import graph
 from engine.appkeys import REVOCATIONS, STORES, VERIFIED_TOKENS
 from engine.schemas import EdgeIdentity, EdgeQuery, EdgeValidateBody
 
-__all__ = ["edge_ctx", "follow_session_revocations", "forward_auth", "routes", "validate"]
+__all__ = ["edge_ctx", "follow_session_revocations", "forward_auth", "mount", "routes",
+           "validate"]
 
 log = logging.getLogger(__name__)
 
@@ -429,3 +430,13 @@ for _method in sorted(METHODS):
         _add(_method, _path, forward_auth, f"edge_auth{_suffix}_{_method.lower()}", body=None,
              query=None, headers=_FORWARD_HEADERS, errors=(NoSession, InvalidSession, Forbidden))
 
+
+def mount(router: web.UrlDispatcher) -> None:
+    """Register the edge routes with ``router``, and the forward-auth paths for every other
+    method too (OPTIONS, TRACE, WebDAV's...): Envoy's ext_authz asks with the original
+    request's method, and a 405 would reach the client of a CORS preflight as a refusal (Envoy
+    allows only 200; nginx makes a 500 of anything but 200, 401 and 403). The document lists
+    the common methods; these answer alike."""
+    routes.mount(router)
+    for path in _AUTH_PATHS:
+        router.add_route("*", path, forward_auth)

@@ -197,3 +197,7 @@ async def test_forward_auth_answers_only_200_401_403(project: Project, service: 
     pinned = await service.get("/v1/edge/auth", key=None, headers={
         **bearer, "Service-Project": (await bootstrap_project(service, "pin")).id})
     assert_reason(pinned, "invalid_session", "project")
+    # Any method, not only the documented ones (Envoy asks with the original one).
+    async with service.session.request("OPTIONS", service.base_url + "/v1/edge/auth/x",
+                                       headers=bearer) as raw:
+        assert raw.status == 200 and raw.headers["Service-User-Id"] == signed.user_id
