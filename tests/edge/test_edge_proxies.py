@@ -25,8 +25,8 @@ from aiohttp import ClientSession
 from common.settings import Settings
 from tests.edge.helpers import DOC, RELATION, Edge, edge
 from tests.fixtures.identity import SignedIn, session_call
-from tests.fixtures.proxies import Proxy, caddy, nginx
-from tests.fixtures.service import Api
+from tests.fixtures.proxies import EDGE_DOCS, Proxy, caddy, nginx
+from tests.fixtures.service import ROOT, Api
 
 REVOKE_WITHIN = 0.100  # seconds, from the revoke call's answer to the first refusal
 
@@ -206,3 +206,12 @@ async def test_never_anything_but_200_401_403(http: ClientSession, setup: Edge,
         status, _ = await call(http, proxy, "GET", "/docs/handbook", headers={**valid, **headers})
         assert status in (200, 401, 403), (headers, status)
 
+
+
+def test_the_readme_shows_the_tested_configurations() -> None:
+    """README's snippets are ``docs/edge/``'s files, which these tests run: they cannot drift."""
+    readme = (ROOT / "README.md").read_text()
+    for name, fence in (("nginx.conf", "nginx"), ("Caddyfile", "caddyfile"),
+                        ("envoy.yaml", "yaml")):
+        text = (EDGE_DOCS / name).read_text()
+        assert f"```{fence}\n{text}```\n" in readme, f"README's {name} differs from docs/edge"
