@@ -52,7 +52,7 @@ def setup_engine(app: web.Application) -> None:
 
     app[READINESS].append(stores_ready)
     routes.mount(app.router)
-    edge.routes.mount(app.router)
+    edge.mount(app.router)
 
 
 def create_engine_app(settings: Settings) -> web.Application:

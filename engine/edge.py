@@ -8,11 +8,26 @@ Routes:
   "org_role", "project_id"}`` and the same as ``Service-User-Id``, ``Service-Session-Id``,
   ``Service-Org-Id``, ``Service-Org-Role``, ``Service-Project-Id`` headers (the org ones null
   and absent when no organization is selected). Bad parameters are 400 ``invalid_request``.
-* ``/v1/edge/auth`` and ``/v1/edge/auth/{tail}`` (any documented method, any tail: the
-  forward-auth form): the same headers and body, but only ever 200, 401 or 403, since nginx
-  treats anything else as a 500 and Envoy allows only exactly 200. Bad permission parameters,
-  another project's store, a check the engine cannot answer (loading, depth cap, PostgreSQL
-  away) all deny with 403.
+* ``/v1/edge/auth`` and ``/v1/edge/auth/{tail}`` (any method, any tail: the forward-auth
+  form; :func:`mount` adds the methods the document does not list): the same headers and
+  body, but only ever 200, 401 or 403, since nginx treats anything else as a 500 and Envoy
+  allows only exactly 200. Bad permission parameters, another project's store, a check the
+  engine cannot answer (loading, depth cap, PostgreSQL away) all deny with 403.
+
+Where the forward-auth form's parameters come from: the permission and the project pin only
+from headers the proxy sets (``Service-Check-Store``, ``Service-Check-Object``,
+``Service-Check-Relation``, ``Service-Project``), never from the query string, which may be the
+client's: Envoy's HTTP ext_authz appends the original path and query to its ``path_prefix``,
+and Caddy's ``forward_auth`` keeps the original query when its ``uri`` has none. Read from the
+query, a client could add ``?store_id=...&object=...&relation=...`` to pick a check it passes,
+or ``?project_id=`` to replace the pin the proxy set (which the query would win), and an
+application whose own URLs use these names would be refused. A header the proxy sets replaces
+the client's (nginx ``proxy_set_header``, Caddy ``header_up``, Envoy ``headers_to_add``); one
+the client sends where the proxy sets none only adds a check or a pin, so it can only refuse
+the client's own request. Ory Oathkeeper's ``/decisions`` (any method, any path below it)
+likewise keeps what to check in its own rules and reads only the original request from the
+call; oauth2-proxy's ``/oauth2/auth?allowed_groups=`` reads the query, which holds behind nginx
+(an ``auth_request`` subrequest carries none of the client's) but not behind Envoy.
 
 The token: ``Authorization: Bearer`` (wins), else the ``service_session`` cookie. None is 401
 ``no_session``; one that does not hold is 401 ``invalid_session`` with ``details.reason``:
@@ -20,8 +35,9 @@ The token: ``Authorization: Bearer`` (wins), else the ``service_session`` cookie
 ``project`` (``project_id`` query parameter or ``Service-Project`` header names another
 project), ``revoked`` (in the revocation set). The session is judged before the permission:
 with ``store_id``, ``object`` and ``relation`` (query parameters, or the JSON body of a POST to
-``validate``; all three or none) the call also checks ``user:<sub>`` in the in-memory graph and
-answers 403 ``forbidden`` when denied.
+``validate``; the ``Service-Check-*`` headers for the forward-auth form; all three or none) the
+call also checks ``user:<sub>`` in the in-memory graph and answers 403 ``forbidden`` when
+denied.
 
 State (``engine.appkeys``): :data:`~engine.appkeys.REVOCATIONS`, the revocation set mirrored
 from Redis by :func:`follow_session_revocations` (loaded in full at start and after every
@@ -73,7 +89,8 @@ from engine import graph
 from engine.appkeys import REVOCATIONS, STORES, VERIFIED_TOKENS
 from engine.schemas import EdgeIdentity, EdgeQuery, EdgeValidateBody
 
-__all__ = ["edge_ctx", "follow_session_revocations", "forward_auth", "routes", "validate"]
+__all__ = ["edge_ctx", "follow_session_revocations", "forward_auth", "mount", "routes",
+           "validate"]
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +112,19 @@ _REQUEST_HEADERS: Final = {
     "Service-Project": "Pins the project: a token of another project is refused (reason "
                        "`project`). The `project_id` query parameter wins.",
 }
+_FORWARD_HEADERS: Final = {
+    "Service-Project": "Pins the project: a token of another project is refused (reason "
+                       "`project`). The proxy sets it; the query string is never read here.",
+    "Service-Check-Store": "With `Service-Check-Object` and `Service-Check-Relation` (all three "
+                           "or none), the store of a permission checked for `user:<sub>` in the "
+                           "same call (403 when denied). Set by the proxy, which replaces any "
+                           "the client sent.",
+    "Service-Check-Object": "The object of the permission check (`type:id`).",
+    "Service-Check-Relation": "The relation of the permission check.",
+}
 _PERMISSION: Final = ("store_id", "object", "relation")
+_CHECK_HEADERS: Final = dict(zip(_PERMISSION, ("Service-Check-Store", "Service-Check-Object",
+                                               "Service-Check-Relation"), strict=True))
 
 
 # -- the revocation mirror, kept from Redis ------------------------------------------------------
@@ -227,14 +256,14 @@ def _pinned_project(request: web.Request) -> str | None:
     return pinned if pinned is not None else request.headers.get("Service-Project") or None
 
 
-async def _session(request: web.Request) -> AccessClaims:
-    """Judge the session; raises NoSession or InvalidSession (``details.reason``)."""
+async def _session(request: web.Request, pinned: str | None) -> AccessClaims:
+    """Judge the session (of project ``pinned`` when given); raises NoSession or
+    InvalidSession (``details.reason``)."""
     token = _token(request)
     if token is None:
         raise NoSession("No session: send the access token as a Bearer token or the "
                         "service_session cookie.")
     claims = await _claims(request, token)
-    pinned = _pinned_project(request)
     if pinned is not None and pinned != claims.pid:
         raise _invalid_session("project", "The session belongs to another project.")
     if request.app[REVOCATIONS].is_revoked(claims.sid):
@@ -342,7 +371,7 @@ async def validate(request: web.Request) -> web.Response:
         values = {**body, **{k: v for k, v in values.items() if k in _PERMISSION}}
     _check_pin(request)
     permission = _permission(values)
-    claims = await _session(request)
+    claims = await _session(request, _pinned_project(request))
     if permission is not None:
         await _allowed(request, claims, permission)
     return _answer(request, claims)
@@ -356,11 +385,17 @@ async def forward_auth(request: web.Request) -> web.Response:
     request, and any path may follow ``/v1/edge/auth/``). The token and the answers are those
     of ``validate``, except that it only ever answers 200, 401 or 403: what ``validate`` would
     refuse with another status (bad permission parameters, another project's store, stores
-    still loading, the depth cap, PostgreSQL unreachable) is denied with 403 ``forbidden``."""
+    still loading, the depth cap, PostgreSQL unreachable) is denied with 403 ``forbidden``.
+    The permission comes from the ``Service-Check-Store``, ``Service-Check-Object`` and
+    ``Service-Check-Relation`` headers and the pin from ``Service-Project``, never from the
+    query string, which may be the original request's (Envoy ext_authz, Caddy): see the
+    module's docstring."""
     try:
-        _check_pin(request)
-        permission = _permission(dict(request.query))
-        claims = await _session(request)
+        headers = request.headers
+        pinned = headers.get("Service-Project") or None
+        permission = _permission({name: headers.get(header)
+                                  for name, header in _CHECK_HEADERS.items()})
+        claims = await _session(request, pinned)
         if permission is not None:
             await _allowed(request, claims, permission)
     except ServiceError as exc:
@@ -375,19 +410,33 @@ async def forward_auth(request: web.Request) -> web.Response:
 
 
 def _add(method: str, path: str, handler: Any, operation_id: str, *, body: type[Any] | None,
+         query: type[Any] | None, headers: dict[str, str],
          errors: tuple[type[ServiceError], ...]) -> None:
     summary, description = summary_of(handler)
     routes.add(Operation(method=method, path=path, handler=handler, operation_id=operation_id,
                          tag=routes.tag, summary=summary, description=description,
-                         security=_SECURITY, query=EdgeQuery, body=body,
-                         headers=_REQUEST_HEADERS, replies=(_REPLY,), errors=errors))
+                         security=_SECURITY, query=query, body=body,
+                         headers=headers, replies=(_REPLY,), errors=errors))
 
 
 _VALIDATE_ERRORS: Final = (NoSession, InvalidSession, Forbidden, NotReady, ResolutionTooComplex)
-_add("GET", "/v1/edge/validate", validate, "edge_validate", body=None, errors=_VALIDATE_ERRORS)
+_add("GET", "/v1/edge/validate", validate, "edge_validate", body=None, query=EdgeQuery,
+     headers=_REQUEST_HEADERS, errors=_VALIDATE_ERRORS)
 _add("POST", "/v1/edge/validate", validate, "edge_validate_post", body=EdgeValidateBody,
-     errors=_VALIDATE_ERRORS)
+     query=EdgeQuery, headers=_REQUEST_HEADERS, errors=_VALIDATE_ERRORS)
+_AUTH_PATHS: Final = ("/v1/edge/auth", r"/v1/edge/auth/{tail:[\s\S]*}")
 for _method in sorted(METHODS):
-    for _path, _suffix in (("/v1/edge/auth", ""), (r"/v1/edge/auth/{tail:[\s\S]*}", "_tail")):
+    for _path, _suffix in zip(_AUTH_PATHS, ("", "_tail"), strict=True):
         _add(_method, _path, forward_auth, f"edge_auth{_suffix}_{_method.lower()}", body=None,
-             errors=(NoSession, InvalidSession, Forbidden))
+             query=None, headers=_FORWARD_HEADERS, errors=(NoSession, InvalidSession, Forbidden))
+
+
+def mount(router: web.UrlDispatcher) -> None:
+    """Register the edge routes with ``router``, and the forward-auth paths for every other
+    method too (OPTIONS, TRACE, WebDAV's...): Envoy's ext_authz asks with the original
+    request's method, and a 405 would reach the client of a CORS preflight as a refusal (Envoy
+    allows only 200; nginx makes a 500 of anything but 200, 401 and 403). The document lists
+    the common methods; these answer alike."""
+    routes.mount(router)
+    for path in _AUTH_PATHS:
+        router.add_route("*", path, forward_auth)

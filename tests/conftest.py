@@ -3,9 +3,10 @@
 Tests run against real PostgreSQL and Redis, one fresh database and Redis key prefix per run
 (``make test`` finds or starts the servers through ``devtools``). The fixtures live in
 ``tests/fixtures/`` as pytest plugins: ``database``, ``redis``, ``service`` (the apps, a client,
-a project per test) and ``peers`` (a browser, mail and SMS providers, a telemetry collector, the
-development mailbox). Test modules import helpers from there, or from their domain folder's
-helper module, never from this file or from another test module.
+a project per test), ``peers`` (a browser, mail and SMS providers, a telemetry collector, the
+development mailbox) and ``proxies`` (nginx and Caddy in front of the engine). Test modules
+import helpers from there, or from their domain folder's helper module, never from this file or
+from another test module.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import pytest_asyncio
 
 # Plain asserts in the helper modules report their operands too (plugins get this on their own).
 pytest.register_assert_rewrite("tests.fixtures.identity", "tests.organizations.helpers",
-                               "tests.engine.reference")
+                               "tests.engine.reference", "tests.edge.helpers")
 
 pytest_plugins = [
     "tests.fixtures.database",
     "tests.fixtures.redis",
     "tests.fixtures.service",
     "tests.fixtures.peers",
+    "tests.fixtures.proxies",
 ]
 
 STALL_SECONDS = 120.0

@@ -1,4 +1,4 @@
-"""Edge session validation at the engine (issue 12, first slice), through HTTP.
+"""Edge session validation at the engine (issue 12), through HTTP.
 
 ``/v1/edge/validate`` and the forward-auth form ``/v1/edge/auth[/{tail}]`` (DESIGN.md "edge
 validation"): a signed-in session's access token validates, from Bearer or the
@@ -167,11 +167,37 @@ async def test_forward_auth_answers_only_200_401_403(project: Project, service: 
     assert_error(await service.get("/v1/edge/auth/app", key=None), 401, "no_session")
     r = await service.get("/v1/edge/auth", key=None, headers={"Authorization": "Bearer x.y.z"})
     assert_reason(r, "invalid_session", "signature")
-    # Bad permission parameters deny with 403 here, never 400.
+    # Bad permission parameters deny with 403 here, never 400. They come from the proxy's
+    # Service-Check-* headers; the query string, which may be the client's (Envoy appends the
+    # original one), is never read.
     bearer = {"Authorization": f"Bearer {signed.access_token}"}
-    r = await service.get("/v1/edge/auth?store_id=nope", key=None, headers=bearer)
+    r = await service.get("/v1/edge/auth", key=None,
+                          headers={**bearer, "Service-Check-Store": "nope"})
+    assert_error(r, 403, "forbidden")
+    r = await service.get("/v1/edge/auth", key=None, headers={
+        **bearer, "Service-Check-Store": "nope", "Service-Check-Object": "doc:1",
+        "Service-Check-Relation": "viewer"})
     assert_error(r, 403, "forbidden")
     store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
-    r = await service.get(f"/v1/edge/auth/p?store_id={store}&object=doc:1&relation=viewer",
-                          key=None, headers=bearer)
+    check = {"Service-Check-Store": store, "Service-Check-Object": "doc:1",
+             "Service-Check-Relation": "viewer"}
+    r = await service.get("/v1/edge/auth/p", key=None, headers={**bearer, **check})
     assert_error(r, 403, "forbidden")
+    await write(project, store, "doc:1", "viewer", f"user:{signed.user_id}")
+
+    async def allowed() -> bool:
+        r = await service.get("/v1/edge/auth/p", key=None, headers={**bearer, **check})
+        return r.status == 200
+
+    await eventually(allowed, within=10, what="the engine to see the tuple")
+    for query in ("?store_id=nope", f"?store_id={store}&object=doc:2&relation=viewer",
+                  "?project_id=proj_x"):
+        r = await service.get(f"/v1/edge/auth/p{query}", key=None, headers={**bearer, **check})
+        assert r.status == 200, (query, r.body)
+    pinned = await service.get("/v1/edge/auth", key=None, headers={
+        **bearer, "Service-Project": (await bootstrap_project(service, "pin")).id})
+    assert_reason(pinned, "invalid_session", "project")
+    # Any method, not only the documented ones (Envoy asks with the original one).
+    async with service.session.request("OPTIONS", service.base_url + "/v1/edge/auth/x",
+                                       headers=bearer) as raw:
+        assert raw.status == 200 and raw.headers["Service-User-Id"] == signed.user_id
