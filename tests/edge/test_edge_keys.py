@@ -33,11 +33,12 @@ from common.ids import new_id
 from common.jwks import PublishedKeys
 from common.settings import Settings
 from control_plane.app import create_control_plane_app
-from control_plane.appkeys import KEYRING, TOKENS
+from control_plane.appkeys import KEYRING, KMS, TOKENS
 from control_plane.signing_keys import repository as key_rows
+from control_plane.signing_keys import service as key_service
 from engine.app import create_engine_app
 from engine.appkeys import KEYS, STORES
-from tests.fixtures.identity import SignedIn, email, session_call, sign_in
+from tests.fixtures.identity import SignedIn, email, sign_in
 from tests.fixtures.service import (
     Api,
     Project,
@@ -133,6 +134,24 @@ async def test_a_rotated_key_is_usable_within_a_second(pair: Pair) -> None:
     assert pair.keys.loads == loads + 1, "one project reload, no miss reload"
     # The previous key is retired but within its overlap: its token still validates.
     assert (await validate(pair.engine, signed.access_token)).status == 200
+
+
+async def test_a_key_published_ahead_of_rotation_is_known_at_once(
+    pair: Pair, settings_factory: Callable[..., Settings],
+) -> None:
+    """The scheduled step that publishes the next key (pending) for a project whose active key
+    is due: the engine knows it within 1 s; a rotation then activates that very key."""
+    signed = await pair.sign_in()
+    due = settings_factory(signing_key_rotation_days=1, signing_key_prepublish_seconds=86_400)
+    async with pair.control_app[PG_POOL].acquire() as conn:
+        pending, activated = await key_service._advance(conn, pair.control_app[KMS], due,
+                                                        pair.project.id)
+    assert pending is not None and activated is None
+    await known_within(pair.keys, pending, 1.0)
+    assert await rotate(pair.project) == pending
+    token = await pair.token(signed)
+    assert kid_of(token) == pending
+    assert (await validate(pair.engine, token)).status == 200
 
 
 async def test_a_retired_key_past_its_overlap_fails_even_when_cached(pair: Pair) -> None:
