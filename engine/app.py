@@ -59,17 +59,18 @@ async def _registry_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def setup_engine(app: web.Application) -> None:
     """Add the engine to ``app`` (built by ``common.runtime.base_app``): shared resources, the
-    store registry (started in a cleanup context; loads in the background), its readiness probe
-    (``/readyz`` answers 503 until every store is loaded and caught up, then 200, with status
-    ``stale`` while the registry cannot follow the change log), the check routes, and edge
-    session validation (``engine.edge``: its revocation mirror and routes)."""
+    store registry and the signing keys (started in a cleanup context; load in the background),
+    their readiness probe (``/readyz`` answers 503 until every store is loaded and caught up and
+    the signing keys are read, then 200, with status ``stale`` while the registry cannot follow
+    the change log), the check routes, and edge session validation (``engine.edge``: its
+    revocation mirror and routes)."""
     install_resources(app)
     app.cleanup_ctx.append(_registry_ctx)
     app.cleanup_ctx.append(edge.edge_ctx)
 
     def stores_ready() -> Readiness:
-        registry = app.get(STORES)
-        if registry is None or not registry.ready:
+        registry, keys = app.get(STORES), app.get(KEYS)
+        if registry is None or not registry.ready or keys is None or not keys.loaded.is_set():
             return "not_ready"
         return "stale" if registry.stale else "ready"
 
