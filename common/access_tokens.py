@@ -23,11 +23,13 @@ No I/O here beyond the awaited key source.
 from __future__ import annotations
 
 import base64
+import binascii
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, Protocol
 
 import jwt
+import orjson
 from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from common.ids import is_id
@@ -44,6 +46,7 @@ __all__ = [
     "PublicKey",
     "VerificationKey",
     "public_key_from_jwk",
+    "unverified_pid",
     "verify_access_token",
 ]
 
@@ -97,11 +100,28 @@ class VerificationKey:
 
 
 class KeySource(Protocol):
-    """Where verification keys come from (``common.jwks.PgKeySource``)."""
+    """Where verification keys come from (``common.jwks.PgKeySource``,
+    ``common.jwks.PublishedKeys``)."""
 
-    async def get(self, kid: str) -> VerificationKey | None:
-        """The key ``kid`` names, or None when no project publishes it."""
+    async def get(self, kid: str, pid: str | None = None) -> VerificationKey | None:
+        """The key ``kid`` names, or None when no project publishes it. ``pid`` is the token's
+        *unverified* ``pid`` claim (:func:`unverified_pid`): a hint of where to look, never
+        trusted."""
         ...
+
+
+def unverified_pid(token: str) -> str | None:
+    """The ``pid`` claim of a compact JWS read *without* verifying anything (only a hint of
+    where to look for an unknown key); None when absent or malformed."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = orjson.loads(_b64url_decode(parts[1]))
+    except (binascii.Error, ValueError):  # orjson.JSONDecodeError is a ValueError
+        return None
+    pid = claims.get("pid") if isinstance(claims, dict) else None
+    return pid if isinstance(pid, str) and is_id(pid, "proj") else None
 
 
 def _b64url_decode(text: str) -> bytes:
@@ -136,7 +156,7 @@ async def verify_access_token(token: str, *, keys: KeySource, issuer: str) -> Ac
     kid, alg = header.get("kid"), header.get("alg")
     if not isinstance(kid, str) or not is_id(kid, "kid") or alg not in ALGS:
         raise _invalid()
-    key = await keys.get(kid)
+    key = await keys.get(kid, unverified_pid(token))
     if key is None or key.alg != alg:
         raise _invalid()
     if key.publish_until is not None and key.publish_until < datetime.now(UTC):

@@ -7,8 +7,11 @@ Contract (SPEC.md 3, "revoked sessions are denied quickly at the edge"):
   the latest access token's ``exp`` plus :data:`LEEWAY_SECONDS` (:func:`until`). A member past
   its score can be dropped: no token of its session verifies any more.
 * channel: the Redis pub/sub channel :func:`channel` (``<prefix>session_revocations``); payload
-  the session id. Each revocation is published there once it is in the set, so a verifier that
-  mirrors the set in memory denies at once; one that (re)subscribes re-reads the whole set.
+  :func:`message`: the session id, a space, and the revocation's commit time in Unix seconds
+  (decimal, millisecond precision), so a verifier can measure how late it heard (a bare session
+  id is accepted too: :func:`parse_message`). Each revocation is published there once it is in
+  the set, so a verifier that mirrors the set in memory denies at once; one that (re)subscribes
+  re-reads the whole set.
 * writer: the control plane (``control_plane.sessions.revocation``), after the revocation has
   committed in PostgreSQL, which stays the source of truth. It keeps the sorted set
   :func:`announced_key` beside the set (member ``announced``, score the highest revocation id it
@@ -30,7 +33,16 @@ from typing import Final
 
 from common.access_tokens import LEEWAY_SECONDS as TOKEN_LEEWAY_SECONDS
 
-__all__ = ["LEEWAY_SECONDS", "RevocationMirror", "announced_key", "channel", "set_key", "until"]
+__all__ = [
+    "LEEWAY_SECONDS",
+    "RevocationMirror",
+    "announced_key",
+    "channel",
+    "message",
+    "parse_message",
+    "set_key",
+    "until",
+]
 
 LEEWAY_SECONDS: Final = 60
 """Kept on every score beyond ``exp``: more than verifiers' clock leeway."""
@@ -45,6 +57,22 @@ def set_key(prefix: str) -> str:
 def channel(prefix: str) -> str:
     """The pub/sub channel revocations are announced on."""
     return f"{prefix}session_revocations"
+
+
+def message(session_id: str, revoked_at: datetime) -> str:
+    """The channel payload announcing ``session_id``, revoked at ``revoked_at``."""
+    return f"{session_id} {revoked_at.timestamp():.3f}"
+
+
+def parse_message(text: str) -> tuple[str, float | None]:
+    """``(session_id, revoked_at)`` of a channel payload, ``revoked_at`` in Unix seconds or None
+    when the payload carries no (valid) time."""
+    session_id, _, revoked_at = text.partition(" ")
+    try:
+        at = float(revoked_at) if revoked_at else None
+    except ValueError:
+        at = None
+    return session_id, at
 
 
 def announced_key(prefix: str) -> str:
@@ -80,10 +108,13 @@ class RevocationMirror:
         next :meth:`prune`; no token of its session verifies then anyway)."""
         return session_id in self._until
 
-    def add(self, session_id: str, score: float) -> None:
-        """Mark ``session_id`` revoked until ``score`` (Unix seconds; a later score wins)."""
-        if self._until.get(session_id, 0.0) < score:
+    def add(self, session_id: str, score: float) -> bool:
+        """Mark ``session_id`` revoked until ``score`` (Unix seconds; a later score wins).
+        Returns whether it was not revoked here before."""
+        before = self._until.get(session_id)
+        if before is None or before < score:
             self._until[session_id] = score
+        return before is None
 
     def merge(self, entries: Iterable[tuple[str, float]]) -> None:
         """Add the whole set read from Redis, ``entries`` (member, score). Nothing is

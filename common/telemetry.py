@@ -1,4 +1,4 @@
-"""OpenTelemetry traces for both services (SPEC.md 1, "Observability").
+"""OpenTelemetry traces and metrics for both services (SPEC.md 1, "Observability").
 
 Configured only by the SPEC.md 1.3 variables, read into :class:`~common.settings.Settings`:
 
@@ -27,6 +27,14 @@ of every database span with :func:`redact_sql` (string, dollar-quoted and numeri
 comments become ``?``), drops any captured parameters, and keeps only the exception type of
 database errors (PostgreSQL error messages quote the offending value).
 
+Metrics (:func:`setup_metrics`): counters and histograms the code records through the API's
+global meter (``opentelemetry.metrics.get_meter``), e.g. ``engine.edge``'s validations, denials
+by reason and revocation lag. They are exported only with ``OTEL_EXPORTER=otlp``, to
+``OTEL_EXPORTER_OTLP_ENDPOINT`` + ``/v1/metrics`` every :data:`METRIC_INTERVAL_MS` (standard
+output is one JSON line per *span*, SPEC.md 1.3, so ``stdout`` exports no metrics; the same
+facts ride on the server span as attributes). With ``none`` (and ``stdout``) no meter provider is
+installed and recording one is the API's no-op proxy: an attribute test and a return.
+
 A slow or absent collector never touches a request (SPEC.md 1.7): spans go through a
 BatchSpanProcessor (bounded queue of 2048; when full, spans are dropped), exports run on its own
 thread with a 2 s timeout, failures are only logged (throttled by ``common.logging``), and
@@ -46,8 +54,10 @@ from typing import Any, Final, TextIO
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
-from opentelemetry import context, trace
+from opentelemetry import context, metrics, trace
 from opentelemetry.propagate import extract
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
@@ -74,7 +84,9 @@ __all__ = [
     "sampler",
     "server_middleware",
     "server_middlewares",
+    "setup_metrics",
     "setup_tracing",
+    "shutdown_metrics",
     "shutdown_tracing",
     "span_json",
 ]
@@ -87,6 +99,8 @@ SCHEDULE_DELAY_MS: Final = 1000
 MAX_EXPORT_BATCH: Final = 128  # smaller batches: shorter GIL holds while encoding (p99)
 SHUTDOWN_TIMEOUT_S: Final = 5.0
 """Longest the final flush at exit may take."""
+METRIC_INTERVAL_MS: Final = 60_000
+"""How often metrics are exported (OTLP only)."""
 
 _UNTRACED_PATHS: Final = frozenset({"/healthz", "/readyz"})  # probes: every few seconds, no value
 _STATEMENT_KEYS: Final = ("db.statement", "db.query.text")
@@ -96,6 +110,7 @@ _EXCEPTION_KEPT: Final = frozenset({"exception.type", "exception.escaped"})
 _CLASS_NAME: Final = re.compile(r"[A-Za-z_][\w.]*")
 
 _provider: TracerProvider | None = None  # the process's one provider (OpenTelemetry's is global)
+_meter_provider: MeterProvider | None = None
 _middlewares: tuple[Middleware, ...] = ()
 
 
@@ -425,6 +440,45 @@ def shutdown_tracing(provider: TracerProvider, *, timeout_s: float = SHUTDOWN_TI
     """Flush the spans still queued and stop exporting, waiting at most ``timeout_s`` (a hung
     collector must not hold up the exit). Returns False when the flush did not finish in time."""
     worker = threading.Thread(target=provider.shutdown, name="otel-shutdown", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    return not worker.is_alive()
+
+
+def setup_metrics(settings: Settings, *, service_name_default: str) -> MeterProvider | None:
+    """Install the process's meter provider from ``settings`` (once; see the module docstring):
+    with ``OTEL_EXPORTER=otlp`` a periodic OTLP/HTTP export to ``/v1/metrics``, on its own
+    thread with a 2 s timeout. Returns it (give it to :func:`shutdown_metrics` at exit), or None
+    for ``stdout`` and ``none``, which install nothing. Raises RuntimeError when called a second
+    time in one process."""
+    global _meter_provider
+    if settings.otel_exporter != "otlp":
+        return None
+    if _meter_provider is not None:
+        raise RuntimeError("metrics are already set up in this process")
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    assert settings.otel_exporter_otlp_endpoint is not None  # Settings guarantees it for otlp
+    exporter = OTLPMetricExporter(
+        endpoint=settings.otel_exporter_otlp_endpoint.rstrip("/") + "/v1/metrics",
+        headers=settings.otlp_headers, timeout=EXPORT_TIMEOUT_S,
+        compression=Compression.NoCompression,
+    )
+    reader = PeriodicExportingMetricReader(exporter, export_interval_millis=METRIC_INTERVAL_MS,
+                                           export_timeout_millis=EXPORT_TIMEOUT_S * 1000)
+    provider = MeterProvider(metric_readers=[reader], shutdown_on_exit=False,
+                             resource=_resource(settings.otel_service_name or service_name_default))
+    metrics.set_meter_provider(provider)
+    _meter_provider = provider
+    return provider
+
+
+def shutdown_metrics(provider: MeterProvider, *, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> bool:
+    """Export the last metrics and stop, waiting at most ``timeout_s``. Returns False when the
+    export did not finish in time."""
+    worker = threading.Thread(target=provider.shutdown, name="otel-metrics-shutdown",
+                              daemon=True)
     worker.start()
     worker.join(timeout_s)
     return not worker.is_alive()

@@ -11,6 +11,7 @@ from typing import Final
 from aiohttp import web
 
 from common.access_tokens import AccessClaims
+from common.jwks import PublishedKeys
 from common.revocations import RevocationMirror
 from engine.registry import StoreRegistry
 
@@ -23,3 +24,7 @@ REVOCATIONS: Final = web.AppKey("engine_revocations", RevocationMirror)
 VERIFIED_TOKENS: Final = web.AppKey("engine_verified_tokens", dict[str, AccessClaims])
 """Access tokens already verified, by their signature part, until they expire
 (``engine.edge``)."""
+
+KEYS: Final = web.AppKey("engine_keys", PublishedKeys)
+"""Every project's signing keys in memory, kept current by ``engine.keys`` (set while the app
+runs)."""

@@ -43,9 +43,11 @@ State (``engine.appkeys``): :data:`~engine.appkeys.REVOCATIONS`, the revocation 
 from Redis by :func:`follow_session_revocations` (loaded in full at start and after every
 (re)subscription, kept current from the channel, pruned past the scores), and
 :data:`~engine.appkeys.VERIFIED_TOKENS`, tokens already verified until they expire, so a
-repeated token costs a dict lookup and the revocation test. Keys come from the shared
-``common.jwks.PgKeySource`` (cached per ``kid``, an unknown ``kid`` remembered for its TTL). No
-audit event per validation: it is a hot path.
+repeated token costs a dict lookup, the key's publication test and the revocation test. Keys
+come from :data:`~engine.appkeys.KEYS`, every project's keys in memory (``engine.keys``): a
+cached token whose key has been retired past its ``publish_until`` (or deleted) is refused with
+``signature`` like a fresh one. No audit event per validation: it is a hot path; counters and
+the revocation lag are OpenTelemetry metrics (``engine.edge_metrics``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from common.access_tokens import (
     InvalidToken,
     verify_access_token,
 )
-from common.appkeys import REDIS, SETTINGS, SIGNING_KEYS
+from common.appkeys import REDIS, SETTINGS
 from common.db import follow_channel
 from common.errors import (
     Forbidden,
@@ -81,12 +83,12 @@ from common.errors import (
 from common.http import REQUEST_ID, read_json
 from common.ids import is_id
 from common.revocations import LEEWAY_SECONDS as REVOCATION_LEEWAY_SECONDS
-from common.revocations import RevocationMirror, channel, set_key
+from common.revocations import RevocationMirror, channel, parse_message, set_key
 from common.routing import METHODS, Operation, Reply, RouteTable, summary_of
 from common.runtime import every, stop_tasks
 from common.tuples import TupleFormatError, validate_object, validate_relation
-from engine import graph
-from engine.appkeys import REVOCATIONS, STORES, VERIFIED_TOKENS
+from engine import edge_metrics, graph
+from engine.appkeys import KEYS, REVOCATIONS, STORES, VERIFIED_TOKENS
 from engine.schemas import EdgeIdentity, EdgeQuery, EdgeValidateBody
 
 __all__ = ["edge_ctx", "follow_session_revocations", "forward_auth", "mount", "routes",
@@ -177,8 +179,11 @@ async def follow_session_revocations(redis: Redis, prefix: str, mirror: Revocati
         if loaded is not None:
             loaded.set()
 
-    def revoked(session_id: str) -> None:
-        mirror.add(session_id, time.time() + horizon_seconds)
+    def revoked(text: str) -> None:
+        session_id, revoked_at = parse_message(text)
+        now = time.time()
+        if mirror.add(session_id, now + horizon_seconds) and revoked_at is not None:
+            edge_metrics.revocation_lag(now - revoked_at)
 
     await follow_channel(redis, channel(prefix), on_message=revoked, on_subscribed=subscribed,
                          on_reconnect=hook.connected, what="session revocation feed", logger=log)
@@ -231,13 +236,18 @@ async def _claims(request: web.Request, token: str) -> AccessClaims:
     cache = request.app[VERIFIED_TOKENS]
     claims = cache.get(token)
     now = time.time()
+    keys = request.app[KEYS]
     if claims is not None:
+        if not keys.still_published(claims.kid, now):  # retired past its overlap, or deleted
+            del cache[token]
+            raise _invalid_session("signature", "The access token's signing key is no longer "
+                                                "published.")
         if claims.exp + LEEWAY_SECONDS >= now:
             return claims
         del cache[token]
         raise _invalid_session("expired", "The access token has expired.")
     try:
-        claims = await verify_access_token(token, keys=request.app[SIGNING_KEYS],
+        claims = await verify_access_token(token, keys=keys,
                                            issuer=request.app[SETTINGS].public_base_url)
     except InvalidToken as exc:
         reason = "expired" if exc.reason == "expired" else "signature"
@@ -371,9 +381,14 @@ async def validate(request: web.Request) -> web.Response:
         values = {**body, **{k: v for k, v in values.items() if k in _PERMISSION}}
     _check_pin(request)
     permission = _permission(values)
-    claims = await _session(request, _pinned_project(request))
-    if permission is not None:
-        await _allowed(request, claims, permission)
+    try:
+        claims = await _session(request, _pinned_project(request))
+        if permission is not None:
+            await _allowed(request, claims, permission)
+    except ServiceError as exc:
+        edge_metrics.denied(exc)
+        raise
+    edge_metrics.valid()
     return _answer(request, claims)
 
 
@@ -399,13 +414,16 @@ async def forward_auth(request: web.Request) -> web.Response:
         if permission is not None:
             await _allowed(request, claims, permission)
     except ServiceError as exc:
+        edge_metrics.denied(exc)
         if exc.status in (401, 403):
             raise
         raise Forbidden(exc.message, details={"reason": exc.code}) from None
     except Exception as exc:  # an outage must not become a 500 the proxy turns into an error
         log.warning("forward auth denied: %s: %s", type(exc).__name__, exc)
-        raise Forbidden("The session cannot be judged now.",
-                        details={"reason": "unavailable"}) from None
+        denial = Forbidden("The session cannot be judged now.", details={"reason": "unavailable"})
+        edge_metrics.denied(denial)
+        raise denial from None
+    edge_metrics.valid()
     return _answer(request, claims)
 
 

@@ -21,6 +21,10 @@ Life cycle of a :class:`StoreRegistry` (DESIGN.md "Two services, one product"):
    the listener connected, that is once the engine has caught up.
 3. ``close()`` cancels every task and closes the listener connection.
 
+Other feeds may share the listener connection (:class:`Follower`: ``engine.keys`` follows the
+signing-key channel of :mod:`common.jwks` this way): each hears its channel's payloads, and is
+told after every (re)connection, since what was sent while nobody listened is gone.
+
 The revision is the cursor: a catch-up reads, in one statement (one snapshot), the store's
 current ``stores.revision`` and every ``tuple_changes`` row above the loaded revision up to it,
 applies them in ``(revision, seq)`` order without yielding to the event loop, and only then sets
@@ -49,7 +53,7 @@ from cachetools import TTLCache
 from common import changes
 from engine.graph import StoreGraph
 
-__all__ = ["LoadedStore", "StoreRegistry"]
+__all__ = ["Follower", "LoadedStore", "StoreRegistry"]
 
 log = logging.getLogger("authio.engine.registry")
 
@@ -71,6 +75,20 @@ ORDER BY c.revision, c.seq
 
 _COPY_UNESCAPE: Final = re.compile(r"\\(.)")
 _COPY_ESCAPES: Final = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v"}
+
+
+@dataclass(frozen=True, slots=True)
+class Follower:
+    """Another ``NOTIFY`` channel heard on the registry's listener connection.
+
+    ``on_notify(payload)`` runs for each notification on ``channel``; ``on_listening()`` after
+    every (re)connection of the listener, the first included, once ``channel`` is listened to
+    (what was sent before may have been missed: read it all again). Both are sync, on the event
+    loop, and must not raise (an error is logged)."""
+
+    channel: str
+    on_notify: Callable[[str], None]
+    on_listening: Callable[[], None]
 
 
 @dataclass(slots=True, eq=False)
@@ -172,6 +190,7 @@ class StoreRegistry:
         max_backoff_seconds: float = 5.0,
         contact_timeout_seconds: float = 5.0,
         freeze_gc: bool = True,
+        followers: Iterable[Follower] = (),
     ) -> None:
         self._pool = pool
         self._dsn = dsn
@@ -180,6 +199,7 @@ class StoreRegistry:
         self._max_backoff = max_backoff_seconds
         self._contact_timeout = contact_timeout_seconds
         self._freeze_gc = freeze_gc
+        self._followers = tuple(followers)
         self._stores: dict[str, LoadedStore] = {}
         self._missing: TTLCache[str, bool] = TTLCache(maxsize=100_000, ttl=negative_ttl_seconds)
         self._loads: dict[str, asyncio.Task[LoadedStore | None]] = {}
@@ -374,6 +394,9 @@ class StoreRegistry:
         try:
             conn.add_termination_listener(self._on_listener_terminated)
             await conn.add_listener(changes.CHANNEL, self._on_notify)
+            for follower in self._followers:
+                await conn.add_listener(follower.channel, functools.partial(
+                    self._on_follower_notify, follower))
         except BaseException:
             conn.terminate()
             raise
@@ -381,6 +404,19 @@ class StoreRegistry:
         # Cleared only now: while the connect was in progress (no listener), the poll loop may
         # have flagged the loss again; that flag is about the old connection, not this one.
         self._listener_lost.clear()
+        for follower in self._followers:
+            try:
+                follower.on_listening()
+            except Exception:
+                log.exception("the %s follower failed on (re)connection", follower.channel)
+
+    @staticmethod
+    def _on_follower_notify(follower: Follower, conn: Any, pid: int, channel: str,
+                            payload: str) -> None:
+        try:
+            follower.on_notify(payload)
+        except Exception:
+            log.exception("the %s follower failed on %r", channel, payload)
 
     def _on_listener_terminated(self, conn: Any) -> None:
         if conn is self._listener:

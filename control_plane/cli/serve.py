@@ -33,11 +33,12 @@ def serve(settings: Settings, target: str) -> None:
     accepting, finish in-flight requests (up to 15 s), then run every cleanup context."""
     import uvloop
 
-    from common.telemetry import setup_tracing, shutdown_tracing
+    from common.telemetry import setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
 
     # Before any app, pool or client session exists: instrumentation patches their classes and
     # base_app puts the server-span middleware first.
     provider = setup_tracing(settings, service_name_default=SERVICE_NAMES[target])
+    meters = setup_metrics(settings, service_name_default=SERVICE_NAMES[target])
     try:
         app, port = build_app(settings, target)
         run_app(
@@ -49,3 +50,5 @@ def serve(settings: Settings, target: str) -> None:
     finally:
         if provider is not None:
             shutdown_tracing(provider)  # flush the last spans, bounded
+        if meters is not None:
+            shutdown_metrics(meters)

@@ -55,12 +55,12 @@ UPDATE revocations SET claimed_until = now() + interval '{LEASE}'
 WHERE id IN (SELECT id FROM revocations
              WHERE announced_at IS NULL AND (claimed_until IS NULL OR claimed_until < now())
              ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING id, kind, subject, until"""
+RETURNING id, kind, subject, until, created_at"""
 _ANNOUNCED: Final = "UPDATE revocations SET announced_at = now() WHERE id = ANY($1)"
 _RELEASE: Final = "UPDATE revocations SET claimed_until = NULL WHERE id = ANY($1)"
 _HIGH_WATER: Final = "SELECT coalesce(max(id), 0) FROM revocations WHERE announced_at IS NOT NULL"
 _LIVE_SESSIONS: Final = f"""
-SELECT subject, until, ({_HIGH_WATER}) AS high_water FROM revocations
+SELECT subject, until, created_at, ({_HIGH_WATER}) AS high_water FROM revocations
 WHERE kind = 'session' AND until > now()"""
 PURGE: Final = """
 DELETE FROM revocations WHERE id IN (
@@ -143,8 +143,9 @@ async def rebuild(pool: asyncpg.Pool, redis: Redis, prefix: str) -> int:
     async with redis.pipeline(transaction=True) as pipe:
         if sessions:
             _add_to_set(pipe, prefix, sessions, int(time.time()))
-            for session_id in sessions:
-                pipe.publish(revocations.channel(prefix), session_id)
+            for r in rows:
+                pipe.publish(revocations.channel(prefix),
+                             revocations.message(r["subject"], r["created_at"]))
         pipe.zadd(revocations.announced_key(prefix), {HIGH_WATER: high_water}, gt=True)
         await pipe.execute()
     return len(sessions)
@@ -169,9 +170,11 @@ async def announce(pool: asyncpg.Pool, redis: Redis, prefix: str) -> int:
             if sessions:
                 _add_to_set(pipe, prefix, sessions, int(time.time()))
             for r in rows:
-                channel = (revocations.channel(prefix) if r["kind"] == "session"
-                           else key_channel(prefix))
-                pipe.publish(channel, r["subject"])
+                if r["kind"] == "session":
+                    pipe.publish(revocations.channel(prefix),
+                                 revocations.message(r["subject"], r["created_at"]))
+                else:
+                    pipe.publish(key_channel(prefix), r["subject"])
             pipe.zadd(revocations.announced_key(prefix), {HIGH_WATER: max(ids)}, gt=True)
             await pipe.execute()
     except BaseException:

@@ -1,6 +1,8 @@
 """The SQL of signing keys (table ``signing_keys``; one ``active`` key per project by the partial
 unique index ``signing_keys_one_active``). Every change to a project's keys holds the project's
-row lock (:func:`lock_project`), so several control-plane processes never rotate twice."""
+row lock (:func:`lock_project`), so several control-plane processes never rotate twice, and
+announces itself on ``common.jwks.CHANNEL`` in the same transaction (``pg_notify`` is delivered
+at commit), so the engine reloads that project's keys at once."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Final, Literal
 
 import asyncpg
 
+from common import jwks
 from common.access_tokens import Alg
 from control_plane.signing_keys.crypto import NewKey
 from control_plane.signing_keys.schemas import SigningKey
@@ -20,6 +23,15 @@ _PUBLISHED: Final = """
 SELECT public_jwk, status FROM signing_keys
 WHERE project_id = $1 AND (status IN ('active', 'pending') OR publish_until > now())
 ORDER BY status = 'active' DESC, created_at DESC, kid DESC"""
+
+
+_NOTIFY: Final = "SELECT pg_notify($1, $2)"
+
+
+async def notify_changed(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> None:
+    """Announce that ``project_id``'s keys changed (``common.jwks``), delivered when ``conn``'s
+    transaction commits."""
+    await conn.execute(_NOTIFY, jwks.CHANNEL, jwks.payload(project_id))
 
 
 def signing_key(row: asyncpg.Record) -> SigningKey:
@@ -39,6 +51,8 @@ async def insert(conn: asyncpg.Connection, project_id: str, key: NewKey,
             {conflict} RETURNING kid""",
         key.kid, project_id, key.alg, key.public_jwk, key.private_sealed, status,
     )
+    if kid is not None:
+        await notify_changed(conn, project_id)
     return kid is not None
 
 
@@ -80,7 +94,8 @@ async def pending_key(conn: asyncpg.Connection, project_id: str) -> asyncpg.Reco
 
 
 async def delete_key(conn: asyncpg.Connection, kid: str) -> None:
-    await conn.execute("DELETE FROM signing_keys WHERE kid = $1", kid)
+    await conn.execute("""WITH k AS (DELETE FROM signing_keys WHERE kid = $1 RETURNING project_id)
+                          SELECT pg_notify($2, project_id) FROM k""", kid, jwks.CHANNEL)
 
 
 async def retire_active(conn: asyncpg.Connection, project_id: str,
@@ -91,12 +106,16 @@ async def retire_active(conn: asyncpg.Connection, project_id: str,
            WHERE project_id = $1 AND status = 'active' RETURNING kid, alg""",
         project_id, overlap,
     )
+    if row is not None:
+        await notify_changed(conn, project_id)
     return row
 
 
 async def activate(conn: asyncpg.Connection, kid: str) -> None:
     await conn.execute(
-        "UPDATE signing_keys SET status = 'active', activated_at = now() WHERE kid = $1", kid)
+        """WITH k AS (UPDATE signing_keys SET status = 'active', activated_at = now()
+                      WHERE kid = $1 RETURNING project_id)
+           SELECT pg_notify($2, project_id) FROM k""", kid, jwks.CHANNEL)
 
 
 async def get_key(conn: asyncpg.Connection, kid: str) -> SigningKey:
@@ -131,12 +150,15 @@ async def projects_due(conn: asyncpg.Connection | asyncpg.Pool,
 async def delete_expired(conn: asyncpg.Connection | asyncpg.Pool, *, now: datetime | None = None,
                          project_id: str | None = None) -> list[str]:
     """Delete retired keys whose ``publish_until`` has passed (at ``now``, default the database
-    clock), of one project or all. Returns the deleted ``kid``s."""
+    clock), of one project or all, and announces each project concerned. Returns the deleted
+    ``kid``s."""
     rows = await conn.fetch(
-        """DELETE FROM signing_keys
-           WHERE status = 'retired' AND publish_until < coalesce($1::timestamptz, now())
-             AND ($2::text IS NULL OR project_id = $2)
-           RETURNING kid""",
-        now, project_id,
+        """WITH d AS (
+             DELETE FROM signing_keys
+             WHERE status = 'retired' AND publish_until < coalesce($1::timestamptz, now())
+               AND ($2::text IS NULL OR project_id = $2)
+             RETURNING kid, project_id)
+           SELECT kid, pg_notify($3, project_id) FROM d""",
+        now, project_id, jwks.CHANNEL,
     )
     return [r["kid"] for r in rows]

@@ -553,6 +553,32 @@ async def test_ratio_zero_keeps_only_sampled_parents(http: ClientSession, base_e
         assert await stop_gracefully(served) == 0
 
 
+# -- metrics -----------------------------------------------------------------------------------
+
+
+async def test_edge_metrics_reach_the_collector(http: ClientSession,
+                                                base_env: dict[str, str]) -> None:
+    """With ``otlp``, the engine's edge counters are exported to ``/v1/metrics`` (at the latest
+    by the final export at exit), and the validation's server span says why it was denied."""
+    async with receiving() as receiver, \
+            serve_process(http, otlp_env(base_env, receiver.base_url, OTEL_SAMPLER_RATIO="1.0",
+                                         OTEL_SERVICE_NAME="authio-metrics-test")) as served:
+        none = await served.api.get("/v1/edge/validate", key=None)
+        bad = await served.api.get("/v1/edge/validate", key=None,
+                                   headers={"Authorization": "Bearer not.a.jwt"})
+        assert (none.status, bad.status) == (401, 401)
+        span = await receiver.server_span(bad.body["request_id"])
+        assert span.attributes["authio.edge.outcome"] == "denied"
+        assert span.attributes["authio.edge.reason"] == "signature"
+        assert await stop_gracefully(served) == 0  # the last export at exit
+    denials = {p[2]["reason"]: p[3] for p in receiver.points
+               if p[1] == "authio.edge.denials" and p[0] == "authio-metrics-test"}
+    assert denials == {"no_session": 1, "signature": 1}, receiver.points
+    validations = {p[2]["outcome"]: p[3] for p in receiver.points
+                   if p[1] == "authio.edge.validations"}
+    assert validations == {"valid": 0, "denied": 2}, receiver.points
+
+
 # -- the stdout exporter, end to end -----------------------------------------------------------
 
 
