@@ -14,30 +14,33 @@ Routes:
   allows only exactly 200. Bad permission parameters, another project's store, a check the
   engine cannot answer (loading, depth cap, PostgreSQL away) all deny with 403.
 
-Where the forward-auth form's parameters come from: the permission and the project pin only
-from headers the proxy sets (``Service-Check-Store``, ``Service-Check-Object``,
-``Service-Check-Relation``, ``Service-Project``), never from the query string, which may be the
-client's: Envoy's HTTP ext_authz appends the original path and query to its ``path_prefix``,
-and Caddy's ``forward_auth`` keeps the original query when its ``uri`` has none. Read from the
-query, a client could add ``?store_id=...&object=...&relation=...`` to pick a check it passes,
-or ``?project_id=`` to replace the pin the proxy set (which the query would win), and an
-application whose own URLs use these names would be refused. A header the proxy sets replaces
-the client's (nginx ``proxy_set_header``, Caddy ``header_up``, Envoy ``headers_to_add``); one
-the client sends where the proxy sets none only adds a check or a pin, so it can only refuse
-the client's own request. Ory Oathkeeper's ``/decisions`` (any method, any path below it)
-likewise keeps what to check in its own rules and reads only the original request from the
-call; oauth2-proxy's ``/oauth2/auth?allowed_groups=`` reads the query, which holds behind nginx
-(an ``auth_request`` subrequest carries none of the client's) but not behind Envoy.
+Where the parameters come from, and why every one given applies: the permission
+(``store_id``, ``object``, ``relation``) may come from the query string (DESIGN.md) and, on the
+forward-auth form, from the ``Service-Check-Store``, ``Service-Check-Object`` and
+``Service-Check-Relation`` headers; the project pin from the ``project_id`` query parameter and
+the ``Service-Project`` header. Each one given must hold (a conjunction: every check allowed,
+every pin the token's project), never one instead of another. That matters because the query
+string of a forward-auth call can be the client's: Envoy's HTTP ext_authz appends the original
+path and query to its ``path_prefix``, and Caddy's ``forward_auth`` keeps the original query
+when its ``uri`` has none. Had one source replaced the other, a client could add
+``?store_id=...&object=...&relation=...`` to swap the proxy's check for one it passes, or
+``?project_id=`` to replace its pin; as a conjunction, what the client adds can only refuse the
+client's own request. The headers are for proxies that cannot keep the client's query away
+(each proxy's own header replaces the client's: nginx ``proxy_set_header``, Caddy
+``header_up``, Envoy ``headers_to_add``); behind nginx the ``auth_request`` subrequest carries
+the query written in its configuration and none of the client's. Ory Oathkeeper's
+``/decisions`` likewise keeps what to check in its own rules; oauth2-proxy's
+``/oauth2/auth?allowed_groups=`` reads the query and holds only behind nginx.
 
 The token: ``Authorization: Bearer`` (wins), else the ``service_session`` cookie. None is 401
 ``no_session``; one that does not hold is 401 ``invalid_session`` with ``details.reason``:
 ``signature`` (not a well-formed JWT, unknown key, bad signature or claims), ``expired``,
-``project`` (``project_id`` query parameter or ``Service-Project`` header names another
-project), ``revoked`` (in the revocation set). The session is judged before the permission:
-with ``store_id``, ``object`` and ``relation`` (query parameters, or the JSON body of a POST to
-``validate``; the ``Service-Check-*`` headers for the forward-auth form; all three or none) the
-call also checks ``user:<sub>`` in the in-memory graph and answers 403 ``forbidden`` when
-denied.
+``project`` (the ``project_id`` query parameter or the ``Service-Project`` header names
+another project), ``revoked`` (in the revocation set). The session is judged before the
+permission: with ``store_id``, ``object`` and ``relation`` (query parameters, or the JSON body
+of a POST to ``validate``; also the ``Service-Check-*`` headers on the forward-auth form; all
+three or none from each source) the call also checks ``user:<sub>`` in the in-memory graph and
+answers 403 ``forbidden`` when denied.
 
 State (``engine.appkeys``): :data:`~engine.appkeys.REVOCATIONS`, the revocation set mirrored
 from Redis by :func:`follow_session_revocations` (loaded in full at start and after every
@@ -112,15 +115,19 @@ _HEADERS: Final = {
 }
 _REQUEST_HEADERS: Final = {
     "Service-Project": "Pins the project: a token of another project is refused (reason "
-                       "`project`). The `project_id` query parameter wins.",
+                       "`project`). With the `project_id` query parameter too, both must "
+                       "name the token's project.",
 }
 _FORWARD_HEADERS: Final = {
     "Service-Project": "Pins the project: a token of another project is refused (reason "
-                       "`project`). The proxy sets it; the query string is never read here.",
+                       "`project`). Set by the proxy (replacing the client's); with the "
+                       "`project_id` query parameter too, both must name the token's project.",
     "Service-Check-Store": "With `Service-Check-Object` and `Service-Check-Relation` (all three "
                            "or none), the store of a permission checked for `user:<sub>` in the "
                            "same call (403 when denied). Set by the proxy, which replaces any "
-                           "the client sent.",
+                           "the client sent; a permission in the query string is checked as "
+                           "well (every one given must be allowed), since the query may be the "
+                           "client's.",
     "Service-Check-Object": "The object of the permission check (`type:id`).",
     "Service-Check-Relation": "The relation of the permission check.",
 }
@@ -261,20 +268,22 @@ async def _claims(request: web.Request, token: str) -> AccessClaims:
     return claims
 
 
-def _pinned_project(request: web.Request) -> str | None:
-    pinned = request.query.get("project_id")
-    return pinned if pinned is not None else request.headers.get("Service-Project") or None
+def _pins(request: web.Request) -> tuple[str, ...]:
+    """The projects the caller pins: the ``project_id`` query parameter and the
+    ``Service-Project`` header, each when given (every one must be the token's)."""
+    query, header = request.query.get("project_id"), request.headers.get("Service-Project")
+    return tuple(p for p in (query, header) if p)
 
 
-async def _session(request: web.Request, pinned: str | None) -> AccessClaims:
-    """Judge the session (of project ``pinned`` when given); raises NoSession or
-    InvalidSession (``details.reason``)."""
+async def _session(request: web.Request, pins: tuple[str, ...]) -> AccessClaims:
+    """Judge the session (of every project in ``pins``); raises NoSession or InvalidSession
+    (``details.reason``)."""
     token = _token(request)
     if token is None:
         raise NoSession("No session: send the access token as a Bearer token or the "
                         "service_session cookie.")
     claims = await _claims(request, token)
-    if pinned is not None and pinned != claims.pid:
+    if any(pin != claims.pid for pin in pins):
         raise _invalid_session("project", "The session belongs to another project.")
     if request.app[REVOCATIONS].is_revoked(claims.sid):
         raise _invalid_session("revoked", "The session has been revoked.")
@@ -382,7 +391,7 @@ async def validate(request: web.Request) -> web.Response:
     _check_pin(request)
     permission = _permission(values)
     try:
-        claims = await _session(request, _pinned_project(request))
+        claims = await _session(request, _pins(request))
         if permission is not None:
             await _allowed(request, claims, permission)
     except ServiceError as exc:
@@ -401,17 +410,18 @@ async def forward_auth(request: web.Request) -> web.Response:
     of ``validate``, except that it only ever answers 200, 401 or 403: what ``validate`` would
     refuse with another status (bad permission parameters, another project's store, stores
     still loading, the depth cap, PostgreSQL unreachable) is denied with 403 ``forbidden``.
-    The permission comes from the ``Service-Check-Store``, ``Service-Check-Object`` and
-    ``Service-Check-Relation`` headers and the pin from ``Service-Project``, never from the
-    query string, which may be the original request's (Envoy ext_authz, Caddy): see the
-    module's docstring."""
+    A permission may come from the query string and from the ``Service-Check-Store``,
+    ``Service-Check-Object`` and ``Service-Check-Relation`` headers, a pin from ``project_id``
+    and ``Service-Project``; every one given must hold, since the query string may be the
+    original request's (Envoy ext_authz, Caddy): see the module's docstring."""
     try:
         headers = request.headers
-        pinned = headers.get("Service-Project") or None
-        permission = _permission({name: headers.get(header)
-                                  for name, header in _CHECK_HEADERS.items()})
-        claims = await _session(request, pinned)
-        if permission is not None:
+        _check_pin(request)
+        permissions = [p for p in (
+            _permission({name: headers.get(header) for name, header in _CHECK_HEADERS.items()}),
+            _permission(dict(request.query))) if p is not None]
+        claims = await _session(request, _pins(request))
+        for permission in dict.fromkeys(permissions):  # the same check asked twice is one
             await _allowed(request, claims, permission)
     except ServiceError as exc:
         edge_metrics.denied(exc)
@@ -446,7 +456,7 @@ _AUTH_PATHS: Final = ("/v1/edge/auth", r"/v1/edge/auth/{tail:[\s\S]*}")
 for _method in sorted(METHODS):
     for _path, _suffix in zip(_AUTH_PATHS, ("", "_tail"), strict=True):
         _add(_method, _path, forward_auth, f"edge_auth{_suffix}_{_method.lower()}", body=None,
-             query=None, headers=_FORWARD_HEADERS, errors=(NoSession, InvalidSession, Forbidden))
+             query=EdgeQuery, headers=_FORWARD_HEADERS, errors=(NoSession, InvalidSession, Forbidden))
 
 
 def mount(router: web.UrlDispatcher) -> None:

@@ -17,10 +17,10 @@ documentation, ``docs/root/configuration/http/http_filters/ext_authz_filter.rst`
 
 Envoy lets the request through only on exactly 200, copying the ``allowed_upstream_headers`` of
 the answer to the upstream request. Since the query string on the auth request is the client's,
-the engine must take the permission and the project pin from the headers Envoy adds, never from
-the query: a client adding ``?store_id=...&object=...&relation=...`` or ``?project_id=...`` can
-neither replace the configured check nor the pin, and an application whose own URLs use those
-names is not refused because of them.
+the configured permission and pin travel in the headers Envoy adds, and every check and pin the
+engine is given must hold (the query's too, DESIGN.md): a client adding
+``?store_id=...&object=...&relation=...`` or ``?project_id=...`` can refuse its own request but
+neither replace the configured check nor the pin.
 """
 
 from __future__ import annotations
@@ -123,8 +123,9 @@ async def test_refused_is_401_or_403(http: ClientSession, setup: Edge) -> None:
     assert (await alone.check("DELETE", "/api/x", {}))[0] == 401
 
 
-async def test_the_client_query_is_not_a_check(http: ClientSession, setup: Edge) -> None:
-    """The original query string arrives on the auth request: it names no check and no pin."""
+async def test_the_client_query_can_only_refuse(http: ClientSession, setup: Edge) -> None:
+    """The original query string arrives on the auth request: a check or pin named there is
+    checked as well as Envoy's, never instead of it."""
     envoy = Envoy(http, setup.engine, envoy_config(setup.store_id))
     viewer, other = bearer(setup.viewer.access_token), bearer(setup.other.access_token)
     # The client cannot swap the configured check for one it passes...
@@ -136,23 +137,27 @@ async def test_the_client_query_is_not_a_check(http: ClientSession, setup: Edge)
     for query in (own, f"?store_id={setup.store_id}&object=doc:mine&relation={RELATION}",
                   f"?object=doc:mine&relation={RELATION}"):
         assert (await envoy.check("GET", "/api/docs" + query, other))[0] == 403, query
-    # ...nor trigger a refusal of an allowed request, and an application whose URLs use these
-    # names is not confused by them.
+    # ...and what it adds can only refuse its own request: an allowed user naming a check it
+    # fails, a malformed one or another project is refused; naming one it passes changes nothing.
     for query in ("?store_id=42&object=shoe&relation=size", "?store_id=nope",
                   f"?store_id={setup.store_id}&object={DOC}&relation=owner",
                   "?project_id=proj_x"):
-        status, copied = await envoy.check("GET", "/shop/search" + query, viewer)
-        assert status == 200 and copied["service-user-id"] == setup.viewer.user_id, query
+        assert (await envoy.check("GET", "/shop/search" + query, viewer))[0] == 403, query
+    status, copied = await envoy.check(
+        "GET", f"/shop?store_id={setup.store_id}&object={DOC}&relation={RELATION}", viewer)
+    assert status == 200 and copied["service-user-id"] == setup.viewer.user_id
     config = envoy_config(setup.store_id)
     del config["http_service"]["authorization_request"]
     alone = Envoy(http, setup.engine, config)
-    assert (await alone.check("GET", "/shop?store_id=1&object=a&relation=b", other))[0] == 200
+    assert (await alone.check("GET", "/shop?store_id=1&object=a&relation=b", other))[0] == 403
+    assert (await alone.check("GET", "/shop?q=1", other))[0] == 200
 
 
 async def test_the_pin_comes_from_envoy_not_the_client(http: ClientSession,
                                                        setup: Edge) -> None:
     """An application pinned to one project (``Service-Project`` in ``headers_to_add``) refuses
-    another project's token, whatever ``?project_id=`` the client adds."""
+    another project's token, whatever ``?project_id=`` the client adds (a pin there must hold
+    too)."""
     other = await bootstrap_project(setup.control, "edge-other")
     config = envoy_config(setup.store_id)
     config["http_service"]["authorization_request"] = {
@@ -163,5 +168,6 @@ async def test_the_pin_comes_from_envoy_not_the_client(http: ClientSession,
     assert (await pinned.check("GET", f"/api?project_id={setup.project.id}", token))[0] == 401
     config["http_service"]["authorization_request"]["headers_to_add"][0]["value"] = \
         setup.project.id
-    assert (await Envoy(http, setup.engine, config).check("GET", f"/api?project_id={other.id}",
-                                                          token))[0] == 200
+    envoy = Envoy(http, setup.engine, config)
+    assert (await envoy.check("GET", f"/api?project_id={other.id}", token))[0] == 401
+    assert (await envoy.check("GET", f"/api?project_id={setup.project.id}", token))[0] == 200

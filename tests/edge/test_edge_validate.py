@@ -167,9 +167,8 @@ async def test_forward_auth_answers_only_200_401_403(project: Project, service: 
     assert_error(await service.get("/v1/edge/auth/app", key=None), 401, "no_session")
     r = await service.get("/v1/edge/auth", key=None, headers={"Authorization": "Bearer x.y.z"})
     assert_reason(r, "invalid_session", "signature")
-    # Bad permission parameters deny with 403 here, never 400. They come from the proxy's
-    # Service-Check-* headers; the query string, which may be the client's (Envoy appends the
-    # original one), is never read.
+    # Bad permission parameters deny with 403 here, never 400, from the proxy's
+    # Service-Check-* headers and from the query string (DESIGN.md) alike.
     bearer = {"Authorization": f"Bearer {signed.access_token}"}
     r = await service.get("/v1/edge/auth", key=None,
                           headers={**bearer, "Service-Check-Store": "nope"})
@@ -179,10 +178,17 @@ async def test_forward_auth_answers_only_200_401_403(project: Project, service: 
         "Service-Check-Relation": "viewer"})
     assert_error(r, 403, "forbidden")
     store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
+    for query in ("?store_id=nope", f"?store_id={store}&object=doc:1",
+                  "?store_id=x&object=doc:1&relation=viewer", "?project_id=proj_x"):
+        assert_error(await service.get(f"/v1/edge/auth{query}", key=None, headers=bearer), 403,
+                     "forbidden")
     check = {"Service-Check-Store": store, "Service-Check-Object": "doc:1",
              "Service-Check-Relation": "viewer"}
+    in_query = f"?store_id={store}&object=doc:1&relation=viewer"
     r = await service.get("/v1/edge/auth/p", key=None, headers={**bearer, **check})
     assert_error(r, 403, "forbidden")
+    assert_error(await service.get(f"/v1/edge/auth{in_query}", key=None, headers=bearer), 403,
+                 "forbidden")
     await write(project, store, "doc:1", "viewer", f"user:{signed.user_id}")
 
     async def allowed() -> bool:
@@ -190,10 +196,18 @@ async def test_forward_auth_answers_only_200_401_403(project: Project, service: 
         return r.status == 200
 
     await eventually(allowed, within=10, what="the engine to see the tuple")
+    for path in (f"/v1/edge/auth{in_query}", f"/v1/edge/auth/any/tail{in_query}"):
+        r = await service.get(path, key=None, headers=bearer)
+        assert r.status == 200 and r.headers["Service-User-Id"] == signed.user_id, r.body
+    # Every check and pin given must hold: what a client adds to the query (Envoy and Caddy
+    # pass the original one on) can refuse its own request, never replace the proxy's check.
     for query in ("?store_id=nope", f"?store_id={store}&object=doc:2&relation=viewer",
-                  "?project_id=proj_x"):
+                  f"?project_id={(await bootstrap_project(service, 'q')).id}"):
         r = await service.get(f"/v1/edge/auth/p{query}", key=None, headers={**bearer, **check})
-        assert r.status == 200, (query, r.body)
+        assert r.status in (401, 403), (query, r.body)
+    r = await service.get(f"/v1/edge/auth/p{in_query}", key=None, headers={
+        **bearer, **check, "Service-Check-Object": "doc:2"})
+    assert_error(r, 403, "forbidden")
     pinned = await service.get("/v1/edge/auth", key=None, headers={
         **bearer, "Service-Project": (await bootstrap_project(service, "pin")).id})
     assert_reason(pinned, "invalid_session", "project")
