@@ -59,6 +59,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -85,6 +86,7 @@ from common.errors import (
 )
 from common.http import REQUEST_ID, read_json
 from common.ids import is_id
+from common.jwks import PublishedKeys
 from common.revocations import LEEWAY_SECONDS as REVOCATION_LEEWAY_SECONDS
 from common.revocations import RevocationMirror, channel, parse_message, set_key
 from common.routing import METHODS, Operation, Reply, RouteTable, summary_of
@@ -94,7 +96,7 @@ from engine import edge_metrics, graph
 from engine.appkeys import KEYS, REVOCATIONS, STORES, VERIFIED_TOKENS
 from engine.schemas import EdgeIdentity, EdgeQuery, EdgeValidateBody
 
-__all__ = ["edge_ctx", "follow_session_revocations", "forward_auth", "mount", "routes",
+__all__ = ["SessionJudge", "edge_ctx", "follow_session_revocations", "forward_auth", "mount", "routes",
            "validate"]
 
 log = logging.getLogger(__name__)
@@ -238,34 +240,63 @@ def _invalid_session(reason: str, message: str) -> InvalidSession:
     return InvalidSession(message, details={"reason": reason})
 
 
-async def _claims(request: web.Request, token: str) -> AccessClaims:
-    """The verified claims of ``token``, from the cache when it was verified before."""
-    cache = request.app[VERIFIED_TOKENS]
-    claims = cache.get(token)
-    now = time.time()
-    keys = request.app[KEYS]
-    if claims is not None:
-        if not keys.still_published(claims.kid, now):  # retired past its overlap, or deleted
+@dataclass(frozen=True, slots=True)
+class SessionJudge:
+    """What judging a session needs, none of it per request: the verified-token cache, every
+    project's keys, the issuer tokens must name, the revocation mirror. Built per app from its
+    state (:func:`_judge`), and by ``bench/bench_edge.py`` to measure validation in process."""
+
+    cache: dict[str, AccessClaims]
+    keys: PublishedKeys
+    issuer: str
+    revocations: RevocationMirror
+
+    async def claims(self, token: str) -> AccessClaims:
+        """The verified claims of ``token``, from the cache when it was verified before (its
+        key re-checked in memory). Raises InvalidSession (``signature`` or ``expired``)."""
+        cache = self.cache
+        claims = cache.get(token)
+        now = time.time()
+        if claims is not None:
+            if not self.keys.still_published(claims.kid, now):  # retired past overlap/deleted
+                del cache[token]
+                raise _invalid_session("signature", "The access token's signing key is no "
+                                                    "longer published.")
+            if claims.exp + LEEWAY_SECONDS >= now:
+                return claims
             del cache[token]
-            raise _invalid_session("signature", "The access token's signing key is no longer "
-                                                "published.")
-        if claims.exp + LEEWAY_SECONDS >= now:
-            return claims
-        del cache[token]
-        raise _invalid_session("expired", "The access token has expired.")
-    try:
-        claims = await verify_access_token(token, keys=keys,
-                                           issuer=request.app[SETTINGS].public_base_url)
-    except InvalidToken as exc:
-        reason = "expired" if exc.reason == "expired" else "signature"
-        raise _invalid_session(reason, exc.message) from None
-    if len(cache) >= MAX_VERIFIED:
-        for stale in [t for t, c in cache.items() if c.exp + LEEWAY_SECONDS < now]:
-            del cache[stale]
+            raise _invalid_session("expired", "The access token has expired.")
+        try:
+            claims = await verify_access_token(token, keys=self.keys, issuer=self.issuer)
+        except InvalidToken as exc:
+            reason = "expired" if exc.reason == "expired" else "signature"
+            raise _invalid_session(reason, exc.message) from None
         if len(cache) >= MAX_VERIFIED:
-            cache.clear()
-    cache[token] = claims
-    return claims
+            for stale in [t for t, c in cache.items() if c.exp + LEEWAY_SECONDS < now]:
+                del cache[stale]
+            if len(cache) >= MAX_VERIFIED:
+                cache.clear()
+        cache[token] = claims
+        return claims
+
+    async def session(self, token: str | None, pins: tuple[str, ...] = ()) -> AccessClaims:
+        """Judge the session of ``token`` (of every project in ``pins``): its claims, or
+        NoSession (no token) or InvalidSession (``details.reason``: ``signature``,
+        ``expired``, ``project``, ``revoked``, in that order of judgement)."""
+        if token is None:
+            raise NoSession("No session: send the access token as a Bearer token or the "
+                            "service_session cookie.")
+        claims = await self.claims(token)
+        if any(pin != claims.pid for pin in pins):
+            raise _invalid_session("project", "The session belongs to another project.")
+        if self.revocations.is_revoked(claims.sid):
+            raise _invalid_session("revoked", "The session has been revoked.")
+        return claims
+
+
+def _judge(app: web.Application) -> SessionJudge:
+    return SessionJudge(app[VERIFIED_TOKENS], app[KEYS], app[SETTINGS].public_base_url,
+                        app[REVOCATIONS])
 
 
 def _pins(request: web.Request) -> tuple[str, ...]:
@@ -276,18 +307,8 @@ def _pins(request: web.Request) -> tuple[str, ...]:
 
 
 async def _session(request: web.Request, pins: tuple[str, ...]) -> AccessClaims:
-    """Judge the session (of every project in ``pins``); raises NoSession or InvalidSession
-    (``details.reason``)."""
-    token = _token(request)
-    if token is None:
-        raise NoSession("No session: send the access token as a Bearer token or the "
-                        "service_session cookie.")
-    claims = await _claims(request, token)
-    if any(pin != claims.pid for pin in pins):
-        raise _invalid_session("project", "The session belongs to another project.")
-    if request.app[REVOCATIONS].is_revoked(claims.sid):
-        raise _invalid_session("revoked", "The session has been revoked.")
-    return claims
+    """Judge the request's session (:meth:`SessionJudge.session`)."""
+    return await _judge(request.app).session(_token(request), pins)
 
 
 def _check_pin(request: web.Request) -> None:
