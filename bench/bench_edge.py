@@ -29,6 +29,13 @@ What it does:
    it refuses with reason ``revoked``; the lag is from the revoke call's response to that first
    refusal (p50/p99/max). Target p99 < 100 ms.
 
+4. **In process** (``--inprocess-seconds``; no HTTP): ``engine.edge.SessionJudge`` with every
+   project's keys read from the database (``common.jwks.PublishedKeys``) and a revocation
+   mirror of ``--revoked`` sessions, judging the signed-in tokens one after another: ``fresh``
+   (the verified-token cache emptied before each, so a signature verification each time) and
+   ``repeated`` (the cache warm: a lookup, the key's publication test, the revocation test).
+   Validations per CPU second and per-call p50/p99.
+
 The client, servers, PostgreSQL and Redis share the machine; the report says how busy the rest
 of the machine was (``other-cpu``).
 """
@@ -319,6 +326,54 @@ async def revocation_lag(control: str, engine: str, sessions: list[dict[str, str
             "refused_at_first_ask": sum(1 for k in polls if k == 1)}
 
 
+# --------------------------------------------------------------------------- in process
+
+
+async def in_process(db_url: str, issuer: str, tokens: list[str], seconds: float,
+                     revoked: int) -> dict[str, Any]:
+    """Validations per CPU second through ``SessionJudge``, fresh and repeated tokens."""
+    from common.db import create_pool
+    from common.jwks import PublishedKeys
+    from common.revocations import RevocationMirror
+    from engine.edge import SessionJudge
+
+    pool = await create_pool(db_url, min_size=1, max_size=2)
+    try:
+        keys = PublishedKeys(pool)
+        await keys.reload_all()
+        mirror = RevocationMirror()
+        far = time.time() + 3600
+        mirror.merge((f"sess_{secrets.token_hex(13)}", far) for _ in range(revoked))
+        out: dict[str, Any] = {"tokens": len(tokens), "revoked_in_mirror": revoked}
+        for kind in ("fresh", "repeated"):
+            cache: dict[str, Any] = {}
+            judge = SessionJudge(cache, keys, issuer, mirror)
+            for t in tokens:  # warm-up; fills the cache for "repeated"
+                await judge.session(t)
+            lat = array("d")
+            n, i, perf = 0, 0, time.perf_counter
+            cpu0, t_end = time.process_time(), perf() + seconds
+            while perf() < t_end:
+                for _ in range(200):
+                    token = tokens[i]
+                    i = (i + 1) % len(tokens)
+                    if kind == "fresh":
+                        cache.clear()
+                    t0 = perf()
+                    await judge.session(token)
+                    lat.append(perf() - t0)
+                n += 200
+            cpu = time.process_time() - cpu0
+            out[kind] = {"validations": n, "per_cpu_second": round(n / cpu),
+                         "latency_us": {k: round(v * 1000, 2) for k, v in
+                                        latency_summary(sorted(lat)).items()}}
+            log(f"in process {kind:8}: {n / cpu:10,.0f} validations per CPU second, p50 "
+                f"{out[kind]['latency_us']['p50']} µs p99 {out[kind]['latency_us']['p99']} µs")
+        return out
+    finally:
+        await pool.close()
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -335,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds, the paths alternated")
     ap.add_argument("--processes", type=int, default=2, help="client processes")
     ap.add_argument("--paths", default=",".join(PATHS))
+    ap.add_argument("--inprocess-seconds", type=float, default=5.0,
+                    help="seconds per in-process measurement (0: skip)")
+    ap.add_argument("--revoked", type=int, default=10_000,
+                    help="revoked sessions in the in-process mirror")
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args(argv)
 
@@ -377,6 +436,11 @@ def main(argv: list[str] | None = None) -> int:
                         f" req/s p50 {lat['p50']:.2f} ms p99 {lat['p99']:.2f} ms "
                         f"server {row['server_cpu_us_per_request']:6.1f} µs/req "
                         f"statuses {row['statuses']} other-cpu {row['other_cpu_cores']:.2f}")
+        inproc = None
+        if args.inprocess_seconds > 0:
+            inproc = asyncio.run(in_process(db_url, env["SERVICE_BASE_URL"],
+                                            [s["access_token"] for s in cycled],
+                                            args.inprocess_seconds, args.revoked))
         log(f"revocation lag over {len(to_revoke)} revocations")
         lag = asyncio.run(revocation_lag(control.url, engine.url, to_revoke))
     finally:
@@ -384,9 +448,11 @@ def main(argv: list[str] | None = None) -> int:
             if s.proc is not None:
                 stop_process(s.proc)
     summary = summarize(runs, lag)
+    summary["in_process"] = inproc
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     if args.json:
-        Path(args.json).write_bytes(orjson.dumps({"runs": runs, "lag": lag, "summary": summary},
+        Path(args.json).write_bytes(orjson.dumps({"runs": runs, "lag": lag, "in_process": inproc,
+                                                  "summary": summary},
                                                  option=orjson.OPT_INDENT_2))
     return 0
 
