@@ -220,10 +220,13 @@ async def test_catch_up_after_listener_killed(pool: asyncpg.Pool, eng_db: str,
 
     before = await listener_pids()
     assert before
-    await pool.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", before)
-    # Written while (possibly) nobody listens, without a notification at all: only the
-    # post-reconnect poll pass can find it (the periodic poll is an hour away).
+    # Written without a notification at all, as if sent while nobody listened: only the
+    # post-reconnect poll pass can find it (the periodic poll is an hour away). Written before
+    # the listener is killed, not after: a reconnect and its poll faster than the write would
+    # otherwise miss it, and the test would fail on its own race.
     revision = await write(pool, store_id, writes=[("doc:1", "viewer", "user:ann")], notify=False)
+    assert store.revision < revision
+    await pool.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", before)
     await until(lambda: store.revision >= revision, 5.0)
     assert allowed(store, "doc:1", "viewer", "user:ann")
     # Listening again: the next write arrives through LISTEN.
