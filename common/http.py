@@ -35,7 +35,7 @@ from common.errors import (
     PayloadTooLarge,
     ServiceError,
 )
-from common.ids import new_id
+from common.ids import new_request_id
 from common.logging import CURRENT_REQUEST_ID
 
 log = logging.getLogger("authio.http")
@@ -163,6 +163,11 @@ def _written(err: ServiceError, rid: str) -> tuple[ServiceError, bytes]:
 
 def undecodable_header(request: web.Request) -> str | None:
     """The name of the first header whose value is not UTF-8 text, or None."""
+    for _, raw in request.raw_headers:  # the usual case, all ASCII, decided on the bytes
+        if not raw.isascii():
+            break
+    else:
+        return None
     for name, value in request.headers.items():
         if not value.isascii() and _UNDECODED_RE.search(value):
             return name
@@ -241,7 +246,7 @@ def _from_http_exception(exc: web.HTTPException) -> ServiceError:
 async def envelope_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request id in, ``X-Request-Id`` out, every exception as the error envelope."""
     incoming = request.headers.get("X-Request-Id")
-    rid = incoming if incoming and _INCOMING_ID_RE.match(incoming) else new_id("req")
+    rid = incoming if incoming and _INCOMING_ID_RE.match(incoming) else new_request_id()
     request[REQUEST_ID] = rid
     token = CURRENT_REQUEST_ID.set(rid)  # every log line of this request carries it
     try:
@@ -311,7 +316,7 @@ class _EnvelopeRequestHandler(web_protocol.RequestHandler):
         if request.writer.output_size > 0:  # as aiohttp: the status line is out already
             raise ConnectionError("Response is sent already, cannot send another response "
                                   "with the error message")
-        rid = new_id("req")  # the headers were never parsed: no incoming id to reuse
+        rid = new_request_id()  # the headers were never parsed: no incoming id to reuse
         err: ServiceError
         if status == 400:
             err = malformed_http(exc)
