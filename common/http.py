@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import logging
 import re
@@ -347,10 +348,23 @@ class EnvelopeRunner(web.AppRunner):
     ``on_response_prepare`` (aiohttp 4 routes it through the middleware chain, aio-libs/aiohttp
     #3287). Runners exist to be subclassed through ``_make_server`` (``ServerRunner`` and
     ``AppRunner`` are such subclasses); this one makes the app's server as ``AppRunner`` does
-    and builds the same server with the envelope's protocol."""
+    and builds the same server with the envelope's protocol.
+
+    An app without ``envelope_middleware`` among its middlewares (``base_app`` leaves it out when
+    tracing is off) gets the envelope here, around the whole app: the same function, on every
+    request, at the same place (outermost), without the per-request layers aiohttp adds to any
+    app that has a middleware. Such an app must be served by this runner."""
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        return _EnvelopeServer(server.request_handler, request_factory=server.request_factory,
+        handler: Callable[[web_request.BaseRequest], Awaitable[web.StreamResponse]]
+        handler = server.request_handler
+        if envelope_middleware not in self.app.middlewares:
+            # The app has no middleware (``common.runtime.base_app`` without tracing): the
+            # envelope wraps the whole app here, which is the same function at the same place
+            # for every request, minus the layer aiohttp adds per request to an app that has
+            # any middleware (``_fix_request_current_app``) and the middleware chain's lookup.
+            handler = functools.partial(envelope_middleware, handler=handler)
+        return _EnvelopeServer(handler, request_factory=server.request_factory,
                                handler_cancellation=server.handler_cancellation,
                                loop=server._loop, **server._kwargs)
