@@ -5,7 +5,8 @@
   refuses a header value that is not UTF-8 text, sets ``X-Request-Id`` on every response, and is
   the one translation point from exceptions to ``{"error": {"code", "message", "details"},
   "request_id"}`` (DESIGN.md). Unknown routes, wrong methods and oversized bodies get the same
-  envelope.
+  envelope. A middleware behind the tracing one when tracing is on; otherwise the app has no
+  middleware and ``EnvelopeRunner`` calls the same function around the whole app.
 * ``json_response``: orjson body (a mapping or a dataclass) with ``request_id`` added at top
   level.
 * ``read_json``: body decoding into ``invalid_request`` (models: ``common.schemas``).

@@ -1,7 +1,8 @@
 """App factory pieces both services share: the base app, shared resources, health routes.
 
-``base_app`` builds an Application with the tracing (when set up) and envelope middlewares and
-settings; ``install_resources`` opens the PostgreSQL pool, Redis client, API-key authenticator
+``base_app`` builds an Application with the envelope (as a middleware behind the tracing one when
+tracing is set up, else run by ``common.http.EnvelopeRunner`` around the app) and settings;
+``install_resources`` opens the PostgreSQL pool, Redis client, API-key authenticator
 with its revocation feed, and the signing-key source in a ``cleanup_ctx`` once, whether one
 service or both live in the app (``authio serve``); ``run_app`` serves an app until SIGTERM.
 """
