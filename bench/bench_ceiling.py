@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token", default=os.environ.get("EDGE_TOKEN", ""),
                     help="access token for forward auth (default: minted by edge_token.py)")
     ap.add_argument("--project-id", default=None,
-                    help="project to mint the token for (default: the API key's, from the DB)")
+                    help="project to mint the token for (default: the store's, from $DATABASE_URL)")
     ap.add_argument("--engine-url", default=None)
     ap.add_argument("--engine-pid", type=int, default=None)
     ap.add_argument("--otel-exporter", default="none")
