@@ -2,11 +2,13 @@
 
     python bench/bare_server.py [--host 127.0.0.1] [--port 8090] [--cpus 0] [--parse-json]
 
-One route, ``POST /v1/stores/{store_id}/check``, answering a fixed small JSON body
-through ``web.Response`` (no JSON encoding, no auth, no engine), on uvloop with access
-logging off.  ``bench/bench_http.py --mode ceiling`` drives it with exactly the same
-client harness as ``--mode single`` drives the real service, so the difference between
-the two is the cost of authio itself (auth, validation, engine, serialization).
+Two routes, ``POST /v1/stores/{store_id}/check`` and ``/v1/edge/auth`` (any method, the
+forward-auth twin), answering a fixed small JSON body through ``web.Response`` (no JSON
+encoding, no auth, no engine), on uvloop with access logging off, as ``authio serve`` runs
+(same aiohttp, same uvloop, same access-log setting: keep them equal, or the ceiling lies).
+``bench/bench_http.py --mode ceiling`` and ``bench/bench_ceiling.py`` drive it with exactly the
+same client as the real service, so the difference between the two is the cost of authio
+itself (auth, validation, engine, serialization).
 
 The request body is read in full (as the real service has to); ``--parse-json``
 additionally decodes it with orjson, to include request parsing in the ceiling.
@@ -41,8 +43,12 @@ def make_app(parse_json: bool = False) -> web.Application:
             orjson.loads(raw)
         return web.Response(body=BODY, content_type="application/json")
 
+    async def auth(request: web.Request) -> web.Response:
+        return web.Response(body=BODY, content_type="application/json")
+
     app = web.Application()
     app.router.add_post("/v1/stores/{store_id}/check", check)
+    app.router.add_route("*", "/v1/edge/auth", auth)  # forward auth's twin: any method, no body
     return app
 
 

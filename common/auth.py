@@ -110,12 +110,13 @@ class ApiKeyAuthenticator:
     """Resolves ``Authorization: Bearer <key>`` to a Principal, with a short TTL cache.
 
     Known keys live in a plain dict of digest -> (expiry on the monotonic clock, Principal, when
-    PostgreSQL last confirmed it): this runs on every engine check, and a hit costs one hash and
-    one lookup. Unknown digests are remembered apart, in a smaller table, so a flood of made-up
-    keys can neither evict real ones nor reach PostgreSQL more than once per TTL each. A cached
-    entry expires ``ttl_seconds`` after the query that produced it *started*, and a lookup that
-    was in flight when ``invalidate`` or ``clear`` ran is never cached, so a revocation cannot be
-    undone by a slow reply.
+    PostgreSQL last confirmed it): this runs on every engine check, and a hit costs two dict
+    lookups (the digest of a key already answered is remembered by the key, so the SHA-256 is
+    computed once per key, not per request). Unknown digests are remembered apart, in a smaller
+    table, so a flood of made-up keys can neither evict real ones nor reach PostgreSQL more than
+    once per TTL each. A cached entry expires ``ttl_seconds`` after the query that produced it
+    *started*, and a lookup that was in flight when ``invalidate`` or ``clear`` ran is never
+    cached, so a revocation cannot be undone by a slow reply.
 
     **PostgreSQL away.** When a lookup fails because PostgreSQL cannot be reached, or gives no
     answer within ``lookup_wait_seconds`` (the query goes on in the background and its answer is
@@ -139,6 +140,11 @@ class ApiKeyAuthenticator:
         self._unknown_maxsize = unknown_maxsize
         self._stale_grace = stale_grace_seconds
         self._known: dict[str, tuple[float, Principal, float]] = {}
+        # The digest of each key answered from ``_known``, by the key itself: a hit then costs two
+        # dict lookups and no SHA-256. Only keys that were known get in (a flood of made-up keys
+        # cannot fill it), and it needs no invalidation: a key's digest never changes, and
+        # whether the digest is still good is ``_known``'s business.
+        self._digests: dict[str, str] = {}
         self._unknown: dict[str, float] = {}
         self._inflight: dict[str, asyncio.Task[Principal | None]] = {}
         self._generation = 0  # bumped by every invalidation
@@ -161,10 +167,15 @@ class ApiKeyAuthenticator:
             raise MissingApiKey()
         if not token.startswith(KEY_PREFIXES):
             raise InvalidApiKey()
-        digest = hash_secret(token)
+        remembered = self._digests.get(token)
+        digest = remembered or hash_secret(token)
         now = time.monotonic()
         entry = self._known.get(digest)
         if entry is not None and entry[0] > now:
+            if remembered is None:
+                if len(self._digests) >= self._maxsize:
+                    self._digests.clear()
+                self._digests[token] = digest
             _tag_span(entry[1])
             return entry[1]
         if self._unknown.get(digest, 0.0) > now:

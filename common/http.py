@@ -5,7 +5,8 @@
   refuses a header value that is not UTF-8 text, sets ``X-Request-Id`` on every response, and is
   the one translation point from exceptions to ``{"error": {"code", "message", "details"},
   "request_id"}`` (DESIGN.md). Unknown routes, wrong methods and oversized bodies get the same
-  envelope.
+  envelope. A middleware behind the tracing one when tracing is on; otherwise the app has no
+  middleware and ``EnvelopeRunner`` calls the same function around the whole app.
 * ``json_response``: orjson body (a mapping or a dataclass) with ``request_id`` added at top
   level.
 * ``read_json``: body decoding into ``invalid_request`` (models: ``common.schemas``).
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import logging
 import re
@@ -35,7 +37,7 @@ from common.errors import (
     PayloadTooLarge,
     ServiceError,
 )
-from common.ids import new_id
+from common.ids import new_request_id
 from common.logging import CURRENT_REQUEST_ID
 
 log = logging.getLogger("authio.http")
@@ -163,6 +165,11 @@ def _written(err: ServiceError, rid: str) -> tuple[ServiceError, bytes]:
 
 def undecodable_header(request: web.Request) -> str | None:
     """The name of the first header whose value is not UTF-8 text, or None."""
+    for _, raw in request.raw_headers:  # the usual case, all ASCII, decided on the bytes
+        if not raw.isascii():
+            break
+    else:
+        return None
     for name, value in request.headers.items():
         if not value.isascii() and _UNDECODED_RE.search(value):
             return name
@@ -241,7 +248,7 @@ def _from_http_exception(exc: web.HTTPException) -> ServiceError:
 async def envelope_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request id in, ``X-Request-Id`` out, every exception as the error envelope."""
     incoming = request.headers.get("X-Request-Id")
-    rid = incoming if incoming and _INCOMING_ID_RE.match(incoming) else new_id("req")
+    rid = incoming if incoming and _INCOMING_ID_RE.match(incoming) else new_request_id()
     request[REQUEST_ID] = rid
     token = CURRENT_REQUEST_ID.set(rid)  # every log line of this request carries it
     try:
@@ -311,7 +318,7 @@ class _EnvelopeRequestHandler(web_protocol.RequestHandler):
         if request.writer.output_size > 0:  # as aiohttp: the status line is out already
             raise ConnectionError("Response is sent already, cannot send another response "
                                   "with the error message")
-        rid = new_id("req")  # the headers were never parsed: no incoming id to reuse
+        rid = new_request_id()  # the headers were never parsed: no incoming id to reuse
         err: ServiceError
         if status == 400:
             err = malformed_http(exc)
@@ -342,10 +349,23 @@ class EnvelopeRunner(web.AppRunner):
     ``on_response_prepare`` (aiohttp 4 routes it through the middleware chain, aio-libs/aiohttp
     #3287). Runners exist to be subclassed through ``_make_server`` (``ServerRunner`` and
     ``AppRunner`` are such subclasses); this one makes the app's server as ``AppRunner`` does
-    and builds the same server with the envelope's protocol."""
+    and builds the same server with the envelope's protocol.
+
+    An app without ``envelope_middleware`` among its middlewares (``base_app`` leaves it out when
+    tracing is off) gets the envelope here, around the whole app: the same function, on every
+    request, at the same place (outermost), without the per-request layers aiohttp adds to any
+    app that has a middleware. Such an app must be served by this runner."""
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        return _EnvelopeServer(server.request_handler, request_factory=server.request_factory,
+        handler: Callable[[web_request.BaseRequest], Awaitable[web.StreamResponse]]
+        handler = server.request_handler
+        if envelope_middleware not in self.app.middlewares:
+            # The app has no middleware (``common.runtime.base_app`` without tracing): the
+            # envelope wraps the whole app here, which is the same function at the same place
+            # for every request, minus the layer aiohttp adds per request to an app that has
+            # any middleware (``_fix_request_current_app``) and the middleware chain's lookup.
+            handler = functools.partial(envelope_middleware, handler=handler)
+        return _EnvelopeServer(handler, request_factory=server.request_factory,
                                handler_cancellation=server.handler_cancellation,
                                loop=server._loop, **server._kwargs)

@@ -9,7 +9,9 @@ ULIDs sort by creation time (millisecond precision), which keyset pagination rel
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from typing import Final
 
 from ulid import ULID
@@ -48,6 +50,52 @@ def new_id(prefix: str) -> str:
     if prefix not in PREFIXES:
         raise ValueError(f"unknown id prefix {prefix!r}")
     return f"{prefix}_{encode_ulid(ULID().bytes)}"
+
+
+class _MonotonicUlids:
+    """Request ids made cheaply: ULIDs generated monotonically, as the ULID spec allows.
+
+    The first id of each millisecond takes a fresh random 79-bit value (the top bit left clear,
+    so increments never overflow within a millisecond); the next ones in the same millisecond
+    add one to it. Their text is the millisecond's 10 characters plus the random part's, and
+    only the last 4 characters (20 bits) are spelled per id: the rest is kept until a carry
+    changes it. Every id is unique within the process and sorts after the previous one; across
+    processes a collision would need the same millisecond and overlapping 79-bit random runs.
+    The random part is not secret (request ids are echoed to every caller), so the standard
+    generator seeds it (reseeded in a forked child by Python itself)."""
+
+    __slots__ = ("head", "high", "ms", "prefix", "rand", "stamp")
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = f"{prefix}_"
+        self.ms = -1
+        self.rand = 0
+        self.high = -1
+        self.stamp = ""  # prefix + the millisecond's 10 characters
+        self.head = ""  # stamp + the random part's first 12 characters
+
+    def __call__(self) -> str:
+        ms = time.time_ns() // 1_000_000
+        if ms > self.ms:
+            self.ms = ms
+            self.rand = random.getrandbits(79)
+            self.stamp = self.prefix + "".join([_PAIRS[(ms >> s) & 1023]
+                                                for s in (40, 30, 20, 10, 0)])
+            self.high = -1
+        else:  # same millisecond, or the clock went back: the next value of the run
+            self.rand += 1
+        rand = self.rand
+        high = rand >> 20
+        if high != self.high:
+            self.high = high
+            self.head = self.stamp + "".join([_PAIRS[(high >> s) & 1023]
+                                              for s in (50, 40, 30, 20, 10, 0)])
+        return self.head + _PAIRS[(rand >> 10) & 1023] + _PAIRS[rand & 1023]
+
+
+new_request_id: Final = _MonotonicUlids("req")
+"""``req_<ulid>`` for a request that came without a usable ``X-Request-Id``: the same shape as
+``new_id("req")`` at a tenth of its cost (:class:`_MonotonicUlids`; every response carries one)."""
 
 
 def id_pattern(prefix: str) -> str:

@@ -1,7 +1,8 @@
 """App factory pieces both services share: the base app, shared resources, health routes.
 
-``base_app`` builds an Application with the tracing (when set up) and envelope middlewares and
-settings; ``install_resources`` opens the PostgreSQL pool, Redis client, API-key authenticator
+``base_app`` builds an Application with the envelope (as a middleware behind the tracing one when
+tracing is set up, else run by ``common.http.EnvelopeRunner`` around the app) and settings;
+``install_resources`` opens the PostgreSQL pool, Redis client, API-key authenticator
 with its revocation feed, and the signing-key source in a ``cleanup_ctx`` once, whether one
 service or both live in the app (``authio serve``); ``run_app`` serves an app until SIGTERM.
 """
@@ -40,12 +41,17 @@ log = logging.getLogger("authio.runtime")
 
 
 def base_app(settings: Settings) -> web.Application:
-    """An Application with the envelope middleware, settings and the health routes.
+    """An Application with the envelope, settings and the health routes; serve it with
+    :class:`common.http.EnvelopeRunner` (``run_app`` does).
 
-    When tracing is set up in this process (``common.telemetry.setup_tracing``), the server-span
-    middleware comes first, so the span covers the envelope's error responses too.
+    When tracing is set up in this process (``common.telemetry.setup_tracing``), the middlewares
+    are the server span's, then the envelope's, so the span covers the envelope's error responses
+    too. Without tracing the app has no middleware at all and ``EnvelopeRunner`` runs the same
+    envelope around the whole app: aiohttp adds a coroutine layer and a chain lookup per request
+    to any app that has one middleware (issue 12: the check path's cost).
     """
-    app = web.Application(middlewares=[*server_middlewares(), envelope_middleware],
+    tracing = server_middlewares()
+    app = web.Application(middlewares=[*tracing, envelope_middleware] if tracing else [],
                           client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[READINESS] = []

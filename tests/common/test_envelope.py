@@ -231,3 +231,22 @@ async def test_auth_errors_carry_the_envelope(service: Api) -> None:
     r = await service.post("/v1/bootstrap", {"tenant_name": "t", "project_name": "p",
                                              "environment": "e"})
     assert_error(r, 401, "missing_bootstrap_token")
+
+
+# --- where the envelope runs ------------------------------------------------------------------
+
+
+async def test_without_tracing_the_envelope_runs_around_an_app_without_middleware(
+    settings_factory: Callable[..., Settings], service: Api,
+) -> None:
+    """Issue 12 (the check path): aiohttp adds a coroutine layer and a chain lookup per request
+    to any app with a middleware, so without tracing ``base_app`` has none and
+    ``EnvelopeRunner`` runs the envelope around the app; the service above is such an app, and
+    its 404s, 405s and successes keep the envelope and the request id."""
+    from engine.app import create_engine_app
+
+    assert list(create_engine_app(settings_factory()).middlewares) == []
+    for method, path, status in (("GET", "/v1/no-such-thing", 404), ("POST", "/healthz", 405)):
+        r = await service.request(method, path)
+        assert r.status == status and REQ_ID.match(assert_ids(r))
+    assert REQ_ID.match(assert_ids(await service.get("/healthz")))

@@ -195,3 +195,31 @@ async def test_a_lookup_without_an_answer_is_waited_for_briefly() -> None:
     await asyncio.sleep(0.01)
     assert not auth.outage
     assert (await auth.authenticate(f"Bearer {OTHER}")).key_id == "key_b"
+
+
+async def test_a_known_key_is_hashed_once_not_per_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check path's cost (issue 12): a key answered from the cache is not hashed again; a
+    revocation still wins at once, and made-up keys are not remembered."""
+    import common.auth
+
+    hashed: list[str] = []
+
+    def counting(secret: str) -> str:
+        hashed.append(secret)
+        return hash_secret(secret)
+
+    monkeypatch.setattr(common.auth, "hash_secret", counting)
+    pool = FlakyPool()
+    pool.add(KEY, "key_a")
+    auth = ApiKeyAuthenticator(pool, ttl_seconds=60)  # type: ignore[arg-type]
+    for _ in range(5):
+        assert (await auth.authenticate(f"Bearer {KEY}")).key_id == "key_a"
+    assert hashed.count(KEY) == 2  # the first lookup, and the first hit that remembers it
+    auth.invalidate(hash_secret(KEY))
+    pool.rows = {}
+    with pytest.raises(InvalidApiKey):
+        await auth.authenticate(f"Bearer {KEY}")
+    for _ in range(3):
+        with pytest.raises(InvalidApiKey):
+            await auth.authenticate(f"Bearer {OTHER}")
+    assert hashed.count(OTHER) == 3

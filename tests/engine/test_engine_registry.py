@@ -24,6 +24,7 @@ from aiohttp import ClientSession, web
 
 from common import changes
 from common.auth import hash_secret
+from common.http import EnvelopeRunner
 from common.settings import load_settings
 from engine.app import create_engine_app
 from engine.appkeys import STORES
@@ -363,7 +364,7 @@ async def engine_api(eng_db: str, pool: asyncpg.Pool) -> AsyncIterator[EngineApi
         engine_poll_seconds=3600, pg_pool_max=4,
     )
     app = create_engine_app(settings)
-    runner = web.AppRunner(app, access_log=None)
+    runner = EnvelopeRunner(app, access_log=None)  # as the service: the envelope comes with it
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()

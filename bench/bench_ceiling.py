@@ -1,0 +1,251 @@
+"""Issue 12's side-by-side in one command: the bare aiohttp ceiling, single checks and forward
+auth with a repeated token, driven by wrk in the same run.
+
+    python bench/bench_ceiling.py --dataset bench/data/medium [--concurrency 16,64]
+        [--duration 10] [--rounds 2] [--engine-url URL --engine-pid PID] [--token JWT]
+        [--json results.json]
+
+What it runs, per round and per concurrency level, one after the other:
+
+* ``bare-check``: ``bench/bare_server.py`` (aiohttp + uvloop, access log off, as the service),
+  ``POST /v1/stores/{id}/check`` with the same bodies and headers as ``check``;
+* ``check``: the engine's ``POST /v1/stores/{id}/check``, cycling through the dataset's checks
+  (``{"tuple_key": ...}`` bodies, ``Authorization: Bearer $AUTHIO_API_KEY``);
+* ``bare-auth``: the bare server's ``GET /v1/edge/auth`` with the same headers as ``auth``;
+* ``auth``: the engine's forward auth, ``GET /v1/edge/auth`` with one access token repeated
+  (``--token``, else one minted for the store's project by ``bench/edge_token.py``) and the
+  ``X-Forwarded-*`` headers an nginx or Traefik sends.
+
+Each is ``wrk -t1 -c<C> -d<D>`` (``bench/wrk/requests.lua``: requests formatted once, a JSON
+summary at the end) after ``--warmup`` seconds of the same load. The server's CPU time is read
+from ``/proc/<pid>/stat`` around the measured run: **server µs per request** is the figure to
+trust on a shared machine (wrk and the server share the cores, and others may run). Ratios
+compare each path with its bare twin of the same round and level, by requests per second and by
+CPU per request (bare µs / path µs: the throughput ratio a saturated server would reach).
+
+Without ``--engine-url`` the engine is started here (``authio serve engine`` of this checkout,
+``OTEL_EXPORTER=none`` unless ``--otel-exporter``, log level WARNING, on a free port) against
+``$DATABASE_URL``, and stopped at the end; its start waits for ``/readyz``. A non-2xx answer
+or a socket error in a measured run is reported in the ``errors`` column (any error makes the
+exit status 1). Needs ``wrk`` (Debian: ``apt-get install wrk``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+LUA = HERE / "wrk" / "requests.lua"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+FORWARDED = ("X-Forwarded-Method: GET\nX-Forwarded-Proto: https\nX-Forwarded-Host: app.example\n"
+             "X-Forwarded-Uri: /projects/42/settings\n")
+
+
+@dataclass
+class Row:
+    round: int
+    target: str
+    concurrency: int
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    server_cores: float
+    server_us_per_request: float
+    errors: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def wrk(url: str, path: str, *, method: str, headers: str, bodies: Path | None, conc: int,
+        seconds: float) -> dict[str, Any]:
+    env = {**os.environ, "WRK_METHOD": method, "WRK_PATH": path, "WRK_HEADERS": headers,
+           "WRK_BODIES": str(bodies) if bodies else ""}
+    out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{seconds:g}s", "--timeout", "5s",
+                          "-s", str(LUA), url], env=env, capture_output=True, text=True,
+                         check=True).stdout
+    return dict(json.loads([line for line in out.splitlines() if line.startswith("{")][-1]))
+
+
+def measure(target: str, rnd: int, url: str, pid: int, path: str, *, method: str, headers: str,
+            bodies: Path | None, conc: int, seconds: float, warmup: float) -> Row:
+    if warmup > 0:
+        wrk(url, path, method=method, headers=headers, bodies=bodies, conc=conc, seconds=warmup)
+    before, t0 = cpu_seconds(pid), time.monotonic()
+    res = wrk(url, path, method=method, headers=headers, bodies=bodies, conc=conc,
+              seconds=seconds)
+    cpu, wall = cpu_seconds(pid) - before, time.monotonic() - t0
+    n = max(res["requests"], 1)
+    errors = sum(res[k] for k in ("connect_errors", "read_errors", "write_errors",
+                                  "status_errors", "timeouts"))
+    return Row(rnd, target, conc, res["requests"] / (res["duration_us"] / 1e6),
+               res["p50_us"] / 1000, res["p99_us"] / 1000, cpu / wall, cpu / n * 1e6, errors)
+
+
+def spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as fh:
+        return subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen[bytes] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="bare aiohttp vs check vs forward auth, with wrk")
+    ap.add_argument("--dataset", type=Path, default=HERE / "data" / "medium")
+    ap.add_argument("--store-id", default=None, help="default: the dataset's store.json")
+    ap.add_argument("--api-key", default=os.environ.get("AUTHIO_API_KEY", ""))
+    ap.add_argument("--token", default=os.environ.get("EDGE_TOKEN", ""),
+                    help="access token for forward auth (default: minted by edge_token.py)")
+    ap.add_argument("--project-id", default=None,
+                    help="project to mint the token for (default: the store's, from $DATABASE_URL)")
+    ap.add_argument("--engine-url", default=None)
+    ap.add_argument("--engine-pid", type=int, default=None)
+    ap.add_argument("--otel-exporter", default="none")
+    ap.add_argument("--concurrency", default="16,64")
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--limit", type=int, default=20_000, help="checks used from checks.jsonl")
+    ap.add_argument("--targets", default="bare-check,check,bare-auth,auth")
+    ap.add_argument("--json", default=None, metavar="PATH")
+    args = ap.parse_args(argv)
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk not found: apt-get install -y --no-install-recommends wrk")
+    if not args.api_key:
+        raise SystemExit("--api-key or $AUTHIO_API_KEY: a key of the store's project")
+    store_id = args.store_id or json.loads((args.dataset / "store.json").read_text())["store_id"]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    targets = args.targets.split(",")
+    bindir = Path(sys.executable).parent
+    tmp = Path(tempfile.mkdtemp(prefix="bench_ceiling_"))
+    bodies = tmp / "bodies.jsonl"
+    with open(args.dataset / "checks.jsonl", "rb") as src, open(bodies, "w") as dst:
+        for k, line in enumerate(src):
+            if k >= args.limit:
+                break
+            c = json.loads(line)
+            dst.write(json.dumps({"tuple_key": {"object": c["object"], "relation": c["relation"],
+                                                "user": c["user"]}},
+                                 separators=(",", ":")) + "\n")
+    check_path = f"/v1/stores/{store_id}/check"
+    key_header = f"Authorization: Bearer {args.api_key}\n"
+
+    engine = bare = None
+    try:
+        bare_port = free_port()
+        bare = spawn([sys.executable, str(HERE / "bare_server.py"), "--port", str(bare_port)],
+                     dict(os.environ), tmp / "bare.log")
+        bare_url = f"http://127.0.0.1:{bare_port}"
+        if args.engine_url:
+            engine_url = args.engine_url.rstrip("/")
+            if args.engine_pid is None:
+                raise SystemExit("--engine-pid goes with --engine-url (for its CPU time)")
+            engine_pid = args.engine_pid
+        else:
+            port = free_port()
+            env = {**os.environ, "SERVICE_ENGINE_PORT": str(port),
+                   "OTEL_EXPORTER": args.otel_exporter, "SERVICE_LOG_LEVEL": "WARNING"}
+            engine = spawn([str(bindir / "authio"), "serve", "engine"], env, tmp / "engine.log")
+            engine_url, engine_pid = f"http://127.0.0.1:{port}", engine.pid
+        wait_http(bare_url + "/v1/edge/auth")
+        wait_http(engine_url + "/readyz", timeout=120)
+        token = args.token
+        if not token and "auth" in targets:
+            project = args.project_id or subprocess.run(
+                ["psql", os.environ.get("DATABASE_URL", ""), "-Atc",
+                 f"SELECT project_id FROM stores WHERE id = '{store_id}'"],
+                capture_output=True, text=True, check=True).stdout.strip()
+            token = subprocess.run([sys.executable, str(HERE / "edge_token.py"), "--project-id",
+                                    project], capture_output=True, text=True,
+                                   check=True).stdout.strip()
+        auth_headers = f"Authorization: Bearer {token}\n{FORWARDED}"
+        plan = {
+            "bare-check": (bare_url, bare.pid, check_path, "POST", key_header, bodies),
+            "check": (engine_url, engine_pid, check_path, "POST", key_header, bodies),
+            "bare-auth": (bare_url, bare.pid, "/v1/edge/auth", "GET", auth_headers, None),
+            "auth": (engine_url, engine_pid, "/v1/edge/auth", "GET", auth_headers, None),
+        }
+        rows: list[Row] = []
+        print(f"{'round':>5} {'target':<10} {'conc':>4} {'req/s':>9} {'p50 ms':>7} "
+              f"{'p99 ms':>7} {'cores':>5} {'µs/req':>7} {'errors':>6}")
+        for rnd in range(1, args.rounds + 1):
+            for conc in levels:
+                for target in targets:
+                    url, pid, path, method, headers, body_file = plan[target]
+                    row = measure(target, rnd, url, pid, path, method=method, headers=headers,
+                                  bodies=body_file, conc=conc, seconds=args.duration,
+                                  warmup=args.warmup)
+                    rows.append(row)
+                    print(f"{rnd:>5} {target:<10} {conc:>4} {row.requests_per_s:>9,.0f} "
+                          f"{row.p50_ms:>7.2f} {row.p99_ms:>7.2f} {row.server_cores:>5.2f} "
+                          f"{row.server_us_per_request:>7.1f} {row.errors:>6}", flush=True)
+        print("\nratios to the bare twin (same round and level): by req/s, by server µs/req")
+        ratios = []
+        for row in rows:
+            twin = {"check": "bare-check", "auth": "bare-auth"}.get(row.target)
+            base = next((r for r in rows if r.target == twin and r.round == row.round
+                         and r.concurrency == row.concurrency), None)
+            if base is None:
+                continue
+            by_rate = row.requests_per_s / base.requests_per_s
+            by_cpu = base.server_us_per_request / row.server_us_per_request
+            ratios.append({"round": row.round, "target": row.target,
+                           "concurrency": row.concurrency, "by_rate": by_rate, "by_cpu": by_cpu})
+            print(f"  round {row.round} {row.target:<6} c={row.concurrency:<3} "
+                  f"{by_rate:6.1%} by req/s  {by_cpu:6.1%} by CPU "
+                  f"({row.server_us_per_request:.1f} vs {base.server_us_per_request:.1f} µs)")
+        if args.json:
+            doc = {"rows": [asdict(r) for r in rows], "ratios": ratios,
+                   "loadavg": os.getloadavg(), "cpus": os.cpu_count()}
+            text = json.dumps(doc, indent=2)
+            sys.stdout.write(text + "\n") if args.json == "-" else Path(args.json).write_text(text)
+        return 1 if any(r.errors for r in rows) else 0
+    finally:
+        stop(engine)
+        stop(bare)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
