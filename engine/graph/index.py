@@ -7,13 +7,18 @@ engine's event loop).
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterable
 from typing import Final
 
 __all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph"]
 
-_SMALL: Final = 8
-"""Up to this many entries a container is a tuple; above, a set (nodes) or a list (usersets)."""
+_SMALL: Final = 16
+"""Up to this many entries a container is a tuple; above, a set (nodes) or a list (usersets).
+
+16, not 8: a set of 9 to 16 strings takes 728 bytes against 112 to 168 for the tuple (sets keep
+a sparse table), which was a sixth of the index on the medium dataset; a miss in a 16-tuple is
+16 pointer and length compares (well under a microsecond)."""
 
 _MEMO_MIN_ROOM: Final = 1 << 16
 """Memo room in set slots (~30-40 bytes each): this much, or one per tuple if more."""
@@ -39,13 +44,11 @@ class StoreGraph:
     * ``_usersets``: node -> its userset users (``"U#S"``, which are child node keys), a
       tuple of up to ``_SMALL``, a list above; absent when the node has none. One entry per
       userset tuple.
-    * ``_strings``: intern table of node keys, so a node key repeated across tuples, and a
-      userset user and the node it names, share one string object. It holds exactly the
-      strings some tuple names as its node or as its (userset) user; plain users need no
-      entry, since ``_nodes_by_user`` is the only place that keeps them.
-    * ``_node_tuples``: node -> number of tuples at it. With ``_nodes_by_user`` (the tuples
-      naming a string as their user) this is the bookkeeping that drops a string from
-      ``_strings`` when its last tuple goes; lookups never depend on ``_strings``.
+    * Node keys and userset users are interned with :func:`sys.intern`, so a node key
+      repeated across tuples, and a userset user and the node it names, share one string
+      object. The interpreter's table does not keep a string alive (interned strings are
+      mortal in CPython), so a string goes when its last tuple goes with no bookkeeping
+      here; plain users are not interned (``_nodes_by_user`` is the only place keeping them).
     * ``_memo``: node -> (every node its full forward walk reaches, depth of the deepest
       one), for walks that ended without a proof (:mod:`engine.graph.search` decides which).
       It answers later denials from that node with one ``isdisjoint``. Emptied whenever a
@@ -59,15 +62,12 @@ class StoreGraph:
     Not thread-safe; see the module docstring.
     """
 
-    __slots__ = ("_count", "_memo", "_memo_room", "_node_tuples", "_nodes_by_user", "_strings",
-                 "_usersets")
+    __slots__ = ("_count", "_memo", "_memo_room", "_nodes_by_user", "_usersets")
 
     def __init__(self) -> None:
         """Create an empty graph."""
         self._nodes_by_user: dict[str, Nodes] = {}
         self._usersets: dict[str, Kids] = {}
-        self._strings: dict[str, str] = {}
-        self._node_tuples: dict[str, int] = {}
         self._memo: dict[str, tuple[frozenset[str], int]] = {}
         self._memo_room = _MEMO_MIN_ROOM
         self._count = 0
@@ -116,11 +116,9 @@ class StoreGraph:
         """Add ``rows``; return how many were absent. The one insertion routine, for :meth:`add`
         (one row) and :meth:`load` alike: a loop over local names, so a big load pays no call
         per row."""
-        intern = self._strings.setdefault
+        intern = sys.intern
         by_user = self._nodes_by_user
         by_user_get = by_user.get
-        node_tuples = self._node_tuples
-        node_tuples_get = node_tuples.get
         usersets = self._usersets
         usersets_get = usersets.get
         memo = self._memo
@@ -128,11 +126,10 @@ class StoreGraph:
         added = 0
         try:
             for obj, rel, user in rows:
-                key = obj + "#" + rel
-                key = intern(key, key)
+                key = intern(obj + "#" + rel)
                 is_userset = "#" in user
                 if is_userset:
-                    user = intern(user, user)
+                    user = intern(user)
                 cur = by_user_get(user)
                 if cur is None:
                     by_user[user] = (key,)
@@ -142,7 +139,6 @@ class StoreGraph:
                     by_user[user] = (*cur, key) if len(cur) < small else {*cur, key}
                 else:
                     cur.add(key)  # type: ignore[union-attr]
-                node_tuples[key] = node_tuples_get(key, 0) + 1
                 if is_userset:
                     if memo:  # a new userset edge can change any walk
                         self._forget_walks()
@@ -186,21 +182,8 @@ class StoreGraph:
                 kids.remove(user)  # type: ignore[union-attr]
                 if len(kids) <= _SMALL // 2:
                     usersets[key] = tuple(kids)
-            self._release(user)
-        node_tuples = self._node_tuples
-        left = node_tuples[key] - 1
-        if left:
-            node_tuples[key] = left
-        else:
-            del node_tuples[key]
-            self._release(key)
         self._count -= 1
         return True
-
-    def _release(self, string: str) -> None:
-        """Drop ``string`` from the intern table once no tuple names it as node or user."""
-        if string not in self._node_tuples and string not in self._nodes_by_user:
-            self._strings.pop(string, None)
 
     def _forget_walks(self) -> None:
         """Drop the memo (a userset tuple changed, or the memo is full)."""
@@ -214,4 +197,4 @@ class StoreGraph:
         if self._memo_room < 0:
             self._forget_walks()
             self._memo_room -= cost
-        self._memo[self._strings.get(key, key)] = (frozenset(seen), deepest)
+        self._memo[sys.intern(key)] = (frozenset(seen), deepest)

@@ -132,20 +132,25 @@ def assert_consistent(g: StoreGraph, res: CheckResult, o: str, r: str, u: str) -
 
 
 def assert_index_exact(g: StoreGraph, current: set[Row]) -> None:
-    """``g`` holds exactly ``current``; its intern table holds exactly the strings those tuples
-    name as node or as userset user, each being the one object the index stores."""
+    """``g`` holds exactly ``current``, and every node key and userset user it stores is the
+    interned object (one object per distinct string)."""
     assert len(g) == len(current)
     assert all(t in g for t in current)
     nodes = Counter(f"{o}#{r}" for o, r, _ in current)
-    assert g._node_tuples == dict(nodes)
     assert set(g._nodes_by_user) == {u for _, _, u in current}
-    assert set(g._strings) == set(nodes) | {u for _, _, u in current if "#" in u}
-    assert all(k is v for k, v in g._strings.items())
+    held_nodes: Counter[str] = Counter()
     for user, held in g._nodes_by_user.items():
-        assert "#" not in user or g._strings[user] is user
-        assert all(g._strings[k] is k for k in held)
+        assert "#" not in user or sys.intern(user) is user
+        assert all(sys.intern(k) is k for k in held)
+        held_nodes.update(held)
+    assert held_nodes == nodes
+    kids_expected: dict[str, set[str]] = {}
+    for o, r, u in current:
+        if "#" in u:
+            kids_expected.setdefault(f"{o}#{r}", set()).add(u)
+    assert {k: set(v) for k, v in g._usersets.items()} == kids_expected
     for key, kids in g._usersets.items():
-        assert g._strings[key] is key and all(g._strings[k] is k for k in kids)
+        assert sys.intern(key) is key and all(sys.intern(k) is k for k in kids)
 
 
 # --- the conformance cases (OpenFGA's, converted) ---------------------------------------------
@@ -534,28 +539,24 @@ def test_strings_are_shared_and_released() -> None:
             (fresh("doc:2"), fresh("viewer"), fresh("user:a")),
             (fresh("doc:2"), fresh("viewer"), fresh("user:b"))]
     g.load(rows)
-    keys = {k: k for k in g._strings}
-    # Node keys and userset users only: a plain user is stored once anyway, as a key.
-    assert set(keys) == {"doc:1#viewer", "group:x#member", "doc:2#viewer"}
     # The userset user and the node it names are one object; so is a node across its tuples.
     kid = g._usersets["doc:1#viewer"][0]
-    assert kid is keys["group:x#member"]
+    assert kid is next(k for k in g._nodes_by_user["user:a"] if k == "group:x#member")
     held_a, held_b = g._nodes_by_user["user:a"], g._nodes_by_user["user:b"]
-    assert next(iter(held_b)) is keys["doc:2#viewer"] and keys["doc:2#viewer"] in held_a
-    assert next(k for k in held_a if k == "doc:2#viewer") is keys["doc:2#viewer"]
+    doc2 = next(iter(held_b))
+    assert doc2 == "doc:2#viewer" and next(k for k in held_a if k == doc2) is doc2
     assert_index_exact(g, set(rows))
-    # Every string is still referenced from here (rows, keys, kid): what is dropped is decided
-    # by the index's own bookkeeping, not by who else holds a reference.
+    del kid, held_a, held_b
+    # Released: once its tuples are gone the index keeps no reference to a string (the
+    # interpreter's intern table does not count), so it is freed with its last user.
+    base = sys.getrefcount(doc2)
     assert g.remove(fresh("doc:2"), fresh("viewer"), fresh("user:a"))
-    assert set(g._strings) == {"doc:1#viewer", "group:x#member", "doc:2#viewer"}  # user:b left
+    assert sys.getrefcount(doc2) == base - 1
     assert g.remove(fresh("doc:2"), fresh("viewer"), fresh("user:b"))
-    assert set(g._strings) == {"doc:1#viewer", "group:x#member"}
-    assert g.remove(fresh("doc:1"), fresh("viewer"), fresh("group:x#member"))
-    assert set(g._strings) == {"group:x#member"}  # still the node of group:x#member@user:a
-    assert g.remove(fresh("group:x"), fresh("member"), fresh("user:a"))
-    assert (len(g), g._strings, g._node_tuples, g._nodes_by_user, g._usersets) == (
-        0, {}, {}, {}, {})
-    assert len(rows) == 4 and kid in keys  # (kept alive on purpose until here)
+    assert sys.getrefcount(doc2) == base - 2
+    for t in rows[:2]:
+        assert g.remove(*map(fresh, t))
+    assert (len(g), g._nodes_by_user, g._usersets) == (0, {}, {})
 
 
 def test_remove_keeps_strings_in_use() -> None:
@@ -571,7 +572,7 @@ def test_remove_keeps_strings_in_use() -> None:
         current.discard(t)
         assert_index_exact(g, current)
         assert g.remove(*t) is False
-    assert g._strings == {}
+    assert (g._nodes_by_user, g._usersets) == ({}, {})
     for t in rows:  # and back, in another order
         assert g.add(*t) is True
     assert_index_exact(g, set(rows))
