@@ -9,7 +9,10 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Iterable
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from engine.graph.result import CheckResult
 
 __all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph"]
 
@@ -25,6 +28,9 @@ _MEMO_MIN_ROOM: Final = 1 << 16
 
 _MEMO_ENTRY_COST: Final = 8
 """What one memo entry costs beside its nodes (dict entry, frozenset and tuple headers)."""
+
+_ANSWERS_MIN_ROOM: Final = 1 << 15
+"""Answer cache room in entries: this many, or one per 8 tuples if more (~200-400 bytes each)."""
 
 EMPTY: Final[tuple[str, ...]] = ()
 """The empty container (a node nobody holds, a node without usersets)."""
@@ -55,6 +61,13 @@ class StoreGraph:
       userset tuple is added or removed (plain-user tuples cannot change a walk), and when
       it outgrows ``max(_MEMO_MIN_ROOM, len(self))`` set slots, so it costs at most about
       as much again as a ``_nodes_by_user`` entry per tuple.
+    * ``_answers``: user -> node -> result for checks that needed a walk (the answer cache;
+      see :func:`engine.graph.check`), all under the cap ``_answers_cap`` (a check with
+      another cap empties it first: the engine uses one). An answer depends only on the userset
+      edges and on the nodes holding that user directly, so adding or removing a tuple
+      drops the cached answers of its user, and a userset tuple (which changes edges) drops
+      them all, with the memo. Emptied when it outgrows ``max(_ANSWERS_MIN_ROOM, len(self)
+      // 8)`` entries.
 
     A userset string ``"U#S"`` is both a user and the node key of ``(U, S)``, so
     ``_nodes_by_user["U#S"]`` lists the parents of node ``U#S``: the reverse edges come free.
@@ -62,7 +75,8 @@ class StoreGraph:
     Not thread-safe; see the module docstring.
     """
 
-    __slots__ = ("_count", "_memo", "_memo_room", "_nodes_by_user", "_usersets")
+    __slots__ = ("_answers", "_answers_cap", "_answers_room", "_count", "_memo", "_memo_room", "_nodes_by_user",
+                 "_usersets")
 
     def __init__(self) -> None:
         """Create an empty graph."""
@@ -70,6 +84,9 @@ class StoreGraph:
         self._usersets: dict[str, Kids] = {}
         self._memo: dict[str, tuple[frozenset[str], int]] = {}
         self._memo_room = _MEMO_MIN_ROOM
+        self._answers: dict[str, dict[str, CheckResult]] = {}
+        self._answers_cap = 0
+        self._answers_room = _ANSWERS_MIN_ROOM
         self._count = 0
 
     def __len__(self) -> int:
@@ -122,6 +139,7 @@ class StoreGraph:
         usersets = self._usersets
         usersets_get = usersets.get
         memo = self._memo
+        answers = self._answers
         small = _SMALL
         added = 0
         try:
@@ -140,8 +158,8 @@ class StoreGraph:
                 else:
                     cur.add(key)  # type: ignore[union-attr]
                 if is_userset:
-                    if memo:  # a new userset edge can change any walk
-                        self._forget_walks()
+                    if memo or answers:  # a new userset edge can change any walk
+                        self._edges_changed()
                     kids = usersets_get(key)
                     if kids is None:
                         usersets[key] = (user,)
@@ -149,6 +167,8 @@ class StoreGraph:
                         usersets[key] = (*kids, user) if len(kids) < small else [*kids, user]
                     else:
                         kids.append(user)  # type: ignore[union-attr]
+                elif answers:  # a new holder of `user`: its answers may change
+                    answers.pop(user, None)
                 added += 1
         finally:
             self._count += added
@@ -170,8 +190,8 @@ class StoreGraph:
             if len(cur) <= _SMALL // 2:
                 by_user[user] = tuple(cur)
         if "#" in user:
-            if self._memo:
-                self._forget_walks()
+            if self._memo or self._answers:
+                self._edges_changed()
             usersets = self._usersets
             kids = usersets[key]
             if len(kids) == 1:
@@ -182,8 +202,33 @@ class StoreGraph:
                 kids.remove(user)  # type: ignore[union-attr]
                 if len(kids) <= _SMALL // 2:
                     usersets[key] = tuple(kids)
+        elif self._answers:
+            self._answers.pop(user, None)
         self._count -= 1
         return True
+
+    def _edges_changed(self) -> None:
+        """A userset tuple was added or removed: any walk and any answer may differ now."""
+        self._forget_walks()
+        self._forget_answers()
+
+    def _forget_answers(self) -> None:
+        """Drop the answer cache (edges changed, or it is full)."""
+        self._answers.clear()
+        self._answers_room = max(_ANSWERS_MIN_ROOM, self._count >> 3)
+
+    def _remember_answer(self, user: str, key: str, max_depth: int, result: CheckResult) -> None:
+        """Cache the answer of a check that needed a walk (see ``_answers``)."""
+        self._answers_room -= 1
+        if self._answers_room < 0 or max_depth != self._answers_cap:
+            self._forget_answers()
+            self._answers_cap = max_depth
+            self._answers_room -= 1
+        known = self._answers.get(user)
+        if known is None:
+            self._answers[user] = {key: result}
+        else:
+            known[key] = result
 
     def _forget_walks(self) -> None:
         """Drop the memo (a userset tuple changed, or the memo is full)."""

@@ -271,6 +271,84 @@ def test_matches_oracle_while_tuples_change(seed: int) -> None:
         assert_index_exact(g, current)
 
 
+def same_answer(a: CheckResult | str, b: CheckResult | str) -> bool:
+    """Equal verdict, resolution, path and depth (``dispatch_count`` is work, not answer)."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return (a.allowed, a.resolution, a.resolution_path, a.depth) == (
+        b.allowed, b.resolution, b.resolution_path, b.depth)
+
+
+def answer(g: StoreGraph, q: Row, cap: int) -> CheckResult | str:
+    try:
+        return run(g, *q, cap)
+    except ResolutionTooComplex:
+        return "raise"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_cached_answers_match_a_fresh_graph_while_tuples_change(seed: int) -> None:
+    """A fixed pool of checks asked again and again (so answers come from the cache) between
+    adds and removes of plain and userset tuples: every answer, proof path included, equals
+    that of a graph freshly built from the current tuples (empty caches), and the oracle's."""
+    rng = random.Random(4000 + seed)
+    nodes, users = rng.randint(3, 30), rng.randint(1, 6)
+    current = set(random_rows(rng, nodes, users, rng.randint(10, 120), 0.5))
+    g = graph_of(sorted(current))
+    walks = sorted(g._usersets)  # checks from these nodes need a walk: the cached kind
+    pool = []
+    for _ in range(25):
+        o, r, u = random_query(rng, nodes, users)
+        if walks and rng.random() < 0.7:
+            o, _, r = rng.choice(walks).partition("#")
+        pool.append(((o, r, u), rng.choice((3, 25))))
+    hits = 0
+    for _ in range(250):
+        action = rng.random()
+        if action < 0.15:  # mostly plain tuples: a userset tuple empties the whole cache
+            t = random_rows(rng, nodes, users, 1, rng.choice((0.0, 0.0, 0.5)))[0]
+            g.add(*t)
+            current.add(t)
+        elif action < 0.3 and current:
+            plain = sorted(t for t in current if "#" not in t[2])
+            t = rng.choice(plain if plain and rng.random() < 0.8 else sorted(current))
+            g.remove(*t)
+            current.discard(t)
+        else:
+            q, cap = rng.choice(pool)
+            cached = g._answers.get(q[2], {}).get(f"{q[0]}#{q[1]}")
+            hits += cached is not None and g._answers_cap == cap
+            got = answer(g, q, cap)
+            fresh_graph = graph_of(sorted(current))
+            assert same_answer(got, answer(fresh_graph, q, cap)), (q, cap)
+            want = oracle(current, *q, cap)
+            assert (got if isinstance(got, str) else got.depth if got.allowed else 0) == want
+    assert hits  # cached answers were reused between the changes
+
+
+def test_answer_cache_is_used_and_dropped() -> None:
+    g = graph_of([("doc:1", "viewer", "group:a#member"), ("group:a", "member", "group:b#member"),
+                  ("group:b", "member", "user:x")])
+    first = run(g, "doc:1", "viewer", "user:x")
+    assert (first.depth, first.dispatch_count) == (3, 3)
+    again = run(g, "doc:1", "viewer", "user:x")  # from the cache: same answer, one node
+    assert (again.resolution_path, again.dispatch_count) == (first.resolution_path, 1)
+    assert g._answers
+    g.add("group:a", "member", "user:x")  # a plain tuple of that user: a shorter proof now
+    assert run(g, "doc:1", "viewer", "user:x").resolution_path == (
+        "doc:1#viewer@group:a#member", "group:a#member@user:x")
+    assert g.remove("group:b", "member", "user:x")
+    assert g.remove("group:a", "member", "user:x")  # ... and gone again
+    assert run(g, "doc:1", "viewer", "user:x").allowed is False
+    assert run(g, "doc:1", "viewer", "user:y").allowed is False
+    assert "user:y" in g._answers
+    g.add("group:b", "member", "user:x")  # another user's tuple leaves user:y's answers
+    assert "user:y" in g._answers
+    assert g.remove("doc:1", "viewer", "group:a#member")  # an edge: every answer goes
+    assert not g._answers
+    assert run(g, "doc:1", "viewer", "user:x").allowed is False
+
+
 @pytest.mark.parametrize(("memo_min", "budget"), [(1, 0), (1, 3), (2, 10_000)])
 def test_matches_oracle_with_other_tuning(monkeypatch: pytest.MonkeyPatch, memo_min: int,
                                           budget: int) -> None:
