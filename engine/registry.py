@@ -55,8 +55,10 @@ log = logging.getLogger("authio.engine.registry")
 
 _STORES_SQL: Final = "SELECT id, project_id, revision FROM stores"
 _STORE_SQL: Final = "SELECT project_id, revision FROM stores WHERE id = $1"
-_ALL_TUPLES_SQL: Final = "SELECT store_id, object, relation, subject FROM tuples"
-_STORE_TUPLES_SQL: Final = "SELECT store_id, object, relation, subject FROM tuples WHERE store_id = $1"
+# The node key "object#relation" is joined here, not per row in Python (StoreGraph.load_nodes).
+_ALL_TUPLES_SQL: Final = "SELECT store_id, object || '#' || relation, subject FROM tuples"
+_STORE_TUPLES_SQL: Final = (
+    "SELECT store_id, object || '#' || relation, subject FROM tuples WHERE store_id = $1")
 # One statement, hence one snapshot: the store's revision and every change above the cursor up to
 # it. The LEFT JOIN yields one all-NULL change row when there is nothing to apply, and no row at
 # all when the store no longer exists.
@@ -95,11 +97,12 @@ def _unescape_copy(field: str) -> str:
 
 
 class _CopySink:
-    """Parses text-format ``COPY (store_id, object, relation, subject) TO STDOUT`` chunks.
+    """Parses text-format ``COPY (store_id, object || '#' || relation, subject) TO STDOUT``
+    chunks.
 
-    Rows are fed straight into ``graphs[store_id].load`` chunk by chunk, so the whole table is
-    never held in memory twice. Rows of a store absent from ``graphs`` are ignored (cannot happen
-    inside one snapshot: ``tuples.store_id`` references ``stores``).
+    Rows are fed straight into ``graphs[store_id].load_nodes`` chunk by chunk, so the whole table
+    is never held in memory twice. Rows of a store absent from ``graphs`` are ignored (cannot
+    happen inside one snapshot: ``tuples.store_id`` references ``stores``).
     """
 
     __slots__ = ("_rest", "graphs", "rows")
@@ -124,26 +127,26 @@ class _CopySink:
     def _feed(self, text: str) -> None:
         # Tabs and newlines inside values are escaped, so splitting on the raw characters is exact.
         f = text.replace("\n", "\t").split("\t")
-        if len(f) % 4:
+        if len(f) % 3:
             raise ValueError("unexpected COPY row shape")
         if "\\" in text:
             f = [_unescape_copy(x) if "\\" in x else x for x in f]
-        n = len(f) // 4
+        n = len(f) // 3
         self.rows += n
-        sids = f[0::4]
+        sids = f[0::3]
         first = sids[0]
         if sids[-1] == first and sids.count(first) == n:  # the usual case: one store per chunk
             graph = self.graphs.get(first)
             if graph is not None:
-                graph.load(zip(f[1::4], f[2::4], f[3::4], strict=True))
+                graph.load_nodes(zip(f[1::3], f[2::3], strict=True))
             return
-        per_store: dict[str, list[tuple[str, str, str]]] = {}
-        for i in range(0, len(f), 4):
-            per_store.setdefault(f[i], []).append((f[i + 1], f[i + 2], f[i + 3]))
+        per_store: dict[str, list[tuple[str, str]]] = {}
+        for i in range(0, len(f), 3):
+            per_store.setdefault(f[i], []).append((f[i + 1], f[i + 2]))
         for sid, rows in per_store.items():
             graph = self.graphs.get(sid)
             if graph is not None:
-                graph.load(rows)
+                graph.load_nodes(rows)
 
 
 class StoreRegistry:

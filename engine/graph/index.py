@@ -110,7 +110,7 @@ class StoreGraph:
 
         Inputs are trusted to be valid (see :mod:`common.tuples`); nothing is raised.
         """
-        return self._insert(((object, relation, user),)) == 1
+        return self._insert(((object + "#" + relation, user),)) == 1
 
     def load(self, rows: Iterable[tuple[str, str, str]]) -> None:
         """Add many ``(object, relation, user)`` rows; duplicates (and present tuples) are skipped.
@@ -121,18 +121,24 @@ class StoreGraph:
         index holds no reference cycles) and restored to its previous state afterwards. Rows
         added before an exception in ``rows`` stay added.
         """
+        self.load_nodes((o + "#" + r, u) for o, r, u in rows)
+
+    def load_nodes(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """:meth:`load` for ``(node, user)`` pairs, ``node`` being ``"object#relation"``
+        already (the engine's snapshot query joins the two in PostgreSQL: one Python string
+        operation less per row)."""
         collecting = gc.isenabled()
         gc.disable()
         try:
-            self._insert(rows)
+            self._insert(pairs)
         finally:
             if collecting:
                 gc.enable()
 
-    def _insert(self, rows: Iterable[tuple[str, str, str]]) -> int:
-        """Add ``rows``; return how many were absent. The one insertion routine, for :meth:`add`
-        (one row) and :meth:`load` alike: a loop over local names, so a big load pays no call
-        per row."""
+    def _insert(self, pairs: Iterable[tuple[str, str]]) -> int:
+        """Add ``(node, user)`` pairs; return how many were absent. The one insertion routine,
+        for :meth:`add` (one row) and the loads alike: a loop over local names, so a big load
+        pays no call per row."""
         intern = sys.intern
         by_user = self._nodes_by_user
         by_user_get = by_user.get
@@ -143,8 +149,8 @@ class StoreGraph:
         small = _SMALL
         added = 0
         try:
-            for obj, rel, user in rows:
-                key = intern(obj + "#" + rel)
+            for key, user in pairs:
+                key = intern(key)
                 is_userset = "#" in user
                 if is_userset:
                     user = intern(user)
