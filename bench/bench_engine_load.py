@@ -9,7 +9,8 @@ the engine, not the write API; ``bench/load.py`` times the API), then starts a
 Reports seconds to ready (the best of ``--rounds`` starts), the engine process's CPU seconds
 meanwhile (steadier on a shared machine; PostgreSQL's own work is not in it), tuples/s, and
 resident memory before and after the last start (bytes per tuple).
-The scratch database is dropped at the end.
+The scratch database is dropped at the end, unless ``--keep-db NAME`` (seeded once, reused by
+later runs: for A/B with ``--engine-root``).
 """
 
 from __future__ import annotations
@@ -89,17 +90,30 @@ async def main() -> None:
                         help="scratch database name prefix (a random suffix is added)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="start the registry this many times on the same data (best kept)")
+    parser.add_argument("--keep-db", default=None, metavar="NAME",
+                        help="use this database (created and seeded when absent) and keep it, so "
+                             "A/B runs skip the seeding; drop it yourself at the end")
     args = parser.parse_args()
 
-    name = f"{args.db_prefix}_{secrets.token_hex(4)}"
+    name = args.keep_db or f"{args.db_prefix}_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(_with_db(args.database_url, "postgres"))
-    await admin.execute(f'CREATE DATABASE "{name}"')
+    exists = args.keep_db and await admin.fetchval(
+        "SELECT 1 FROM pg_database WHERE datname = $1", name)
+    if not exists:
+        await admin.execute(f'CREATE DATABASE "{name}"')
     url = _with_db(args.database_url, name)
     try:
-        await asyncio.to_thread(upgrade, url)
-        t0 = time.perf_counter()
-        store_id, count = await _seed(url, args.dataset / "tuples.jsonl")
-        seed_s = time.perf_counter() - t0
+        seed_s = 0.0
+        if exists:
+            conn = await asyncpg.connect(url)
+            store_id = "store_bench"
+            count = await conn.fetchval("SELECT count(*) FROM tuples WHERE store_id = $1", store_id)
+            await conn.close()
+        else:
+            await asyncio.to_thread(upgrade, url)
+            t0 = time.perf_counter()
+            store_id, count = await _seed(url, args.dataset / "tuples.jsonl")
+            seed_s = time.perf_counter() - t0
 
         pool = await asyncpg.create_pool(url, min_size=1, max_size=2)
         assert pool is not None
@@ -130,7 +144,8 @@ async def main() -> None:
             "rss_after_mib": round(rss1 / 2**20, 1),
         }
     finally:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if not args.keep_db:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
     if args.json:
         print(json.dumps(result))
