@@ -457,6 +457,8 @@ class StoreRegistry:
             with _gc_paused():
                 await conn.copy_from_query(_ALL_TUPLES_SQL, output=sink,
                                            timeout=self._load_timeout)
+                if self._freeze_gc:  # before the collector resumes: its first (youngest
+                    gc.freeze()  # generation) pass would walk every container just loaded
             sink.finish()
         loaded = [LoadedStore(r["id"], r["project_id"], graphs[r["id"]], r["revision"])
                   for r in rows]
