@@ -7,8 +7,8 @@ Reads ``tuples.jsonl`` (``{"object","relation","user"}`` per line) and ``checks.
 ``bench/dataset.py``) and reports:
 
 * tuples, parse and load seconds (``StoreGraph.load`` over parsed rows, pure Python time);
-* bytes per tuple: memory the built index keeps, measured with ``tracemalloc`` while the
-  file is streamed into the graph (so the object/relation/user strings the index retains are
+* bytes per tuple: memory the built index keeps, measured with ``tracemalloc`` (in a fresh
+  interpreter) while the file is streamed into the graph (so the object/relation/user strings the index retains are
   counted; transient parsing garbage is not), divided by the tuple count; peak too;
 * checks/s: every check of the file, repeated until at least ``--seconds`` have passed,
   timed with ``time.perf_counter`` around whole passes;
@@ -33,6 +33,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -197,7 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-memory", action="store_true", help="skip the tracemalloc pass")
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="leave the loaded graph in the collected generations")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="print [tuples, bytes retained, peak bytes] as JSON and stop")
     args = ap.parse_args(argv)
+    if args.memory_only:
+        print(json.dumps(measure_memory(args.dataset / "tuples.jsonl")))
+        return 0
 
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
@@ -234,10 +240,13 @@ def main(argv: list[str] | None = None) -> int:
 
     mem_tuples = mem_bytes = mem_peak = 0
     if not args.skip_memory:
-        del graph
-        gc.unfreeze()
-        gc.collect()
-        mem_tuples, mem_bytes, mem_peak = measure_memory(tuples_path)
+        # In a fresh interpreter: the index interns its strings in the interpreter's table, so
+        # a second build in this process would find that table grown (and count less) or
+        # dotted with the first build's deleted entries (and count more).
+        cmd = [sys.executable, __file__, "--dataset", str(args.dataset), "--memory-only"]
+        if args.engine_root is not None:
+            cmd += ["--engine-root", str(args.engine_root)]
+        mem_tuples, mem_bytes, mem_peak = json.loads(subprocess.check_output(cmd))
 
     n_allowed = sum(1 for r in results if r.allowed)
     mix: dict[str, int] = {}
