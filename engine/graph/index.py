@@ -9,10 +9,9 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-if TYPE_CHECKING:
-    from engine.graph.result import CheckResult
+from engine.graph.result import CheckResult
 
 __all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph"]
 
