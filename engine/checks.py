@@ -314,14 +314,25 @@ async def batch_check(request: web.Request) -> web.Response:
     items, at_least = _parse_batch(await read_json(request, allow_nul=True))
     store = await _store(request, principal)
     parsed: list[Parsed | InvalidRequest] = []
+    append = parsed.append
     wanted = -1 if at_least is None else at_least
+    o: Any
+    r: Any
+    u: Any
     for i, item in enumerate(items):
+        if type(item) is dict and len(item) == 1:  # _parse_check's common shape, inline
+            key = item.get("tuple_key")
+            if type(key) is dict and len(key) == 3:
+                o, r, u = key.get("object"), key.get("relation"), key.get("user")
+                if is_valid_tuple(o, r, u):
+                    append((o, r, u, None))
+                    continue
         fields: Fields = []
         one = _parse_check(item, fields, f"checks[{i}]")
         if one is None:
-            parsed.append(_invalid(fields))
+            append(_invalid(fields))
             continue
-        parsed.append(one)
+        append(one)
         if one[3] is not None and one[3] > wanted:
             wanted = one[3]
     if wanted > store.revision:  # one bounded wait covers the call's and every item's revision
@@ -330,15 +341,30 @@ async def batch_check(request: web.Request) -> web.Response:
             raise _not_reached(at_least, store.revision)
     max_depth = request.app[SETTINGS].check_max_depth
     results: list[dict[str, Any]] = []
-    for p in parsed:  # no await below: every item sees the same revision
+    add = results.append
+    # No await below: every item sees the same revision. The answers are _answer's, built
+    # inline; an answer object the graph hands out again (a shared denial, a cached answer)
+    # has its item built once per call.
+    revision, g, check_ = store.revision, store.graph, graph.check
+    built: dict[int, tuple[graph.CheckResult, dict[str, Any]]] = {}
+    for p in parsed:
         if isinstance(p, InvalidRequest):
-            results.append(_item_error(p))
-        elif p[3] is not None and p[3] > store.revision:
-            results.append(_item_error(_not_reached(p[3], store.revision)))
+            add(_item_error(p))
+        elif p[3] is not None and p[3] > revision:
+            add(_item_error(_not_reached(p[3], revision)))
         else:
             try:
-                results.append(_answer(store, p, max_depth))
+                res = check_(g, object=p[0], relation=p[1], user=p[2], max_depth=max_depth)
             except graph.ResolutionTooComplex as exc:
-                results.append(_item_error(
-                    ResolutionTooComplex(details={"max_depth": exc.max_depth})))
-    return _respond(request, {"results": results, "revision": store.revision})
+                add(_item_error(ResolutionTooComplex(details={"max_depth": exc.max_depth})))
+                continue
+            made = built.get(id(res))
+            if made is not None and made[0] is res:
+                add(made[1])
+                continue
+            body = {"allowed": res.allowed, "resolution": res.resolution,
+                    "resolution_path": res.resolution_path, "revision": revision,
+                    "dispatch_count": res.dispatch_count, "depth": res.depth}
+            built[id(res)] = (res, body)  # (res kept alive: its id is not reused meanwhile)
+            add(body)
+    return _respond(request, {"results": results, "revision": revision})

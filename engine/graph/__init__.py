@@ -23,9 +23,9 @@ checked node with a visited set (cycles end in a denial) and a cap of ``max_dept
 One module per part:
 
 * :mod:`engine.graph.index`: :class:`StoreGraph`, the tuples of one store (add, remove, load,
-  the walk memo's storage);
+  the storage of the walk memo and of the answer cache);
 * :mod:`engine.graph.search`: :func:`check`, the bidirectional level search that computes the
-  answer above with less work, and the memo of finished walks;
+  answer above with less work, the memo of finished walks and the per-user answer cache;
 * :mod:`engine.graph.proof`: the resolution path of an allowed answer;
 * :mod:`engine.graph.result`: :class:`CheckResult` and :class:`ResolutionTooComplex`.
 

@@ -7,19 +7,29 @@ engine's event loop).
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterable
 from typing import Final
 
+from engine.graph.result import CheckResult
+
 __all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph"]
 
-_SMALL: Final = 8
-"""Up to this many entries a container is a tuple; above, a set (nodes) or a list (usersets)."""
+_SMALL: Final = 16
+"""Up to this many entries a container is a tuple; above, a set (nodes) or a list (usersets).
+
+16, not 8: a set of 9 to 16 strings takes 728 bytes against 112 to 168 for the tuple (sets keep
+a sparse table), which was a sixth of the index on the medium dataset; a miss in a 16-tuple is
+16 pointer and length compares (well under a microsecond)."""
 
 _MEMO_MIN_ROOM: Final = 1 << 16
 """Memo room in set slots (~30-40 bytes each): this much, or one per tuple if more."""
 
 _MEMO_ENTRY_COST: Final = 8
 """What one memo entry costs beside its nodes (dict entry, frozenset and tuple headers)."""
+
+_ANSWERS_MIN_ROOM: Final = 1 << 15
+"""Answer cache room in entries: this many, or one per 8 tuples if more (~200-400 bytes each)."""
 
 EMPTY: Final[tuple[str, ...]] = ()
 """The empty container (a node nobody holds, a node without usersets)."""
@@ -39,19 +49,24 @@ class StoreGraph:
     * ``_usersets``: node -> its userset users (``"U#S"``, which are child node keys), a
       tuple of up to ``_SMALL``, a list above; absent when the node has none. One entry per
       userset tuple.
-    * ``_strings``: intern table of node keys, so a node key repeated across tuples, and a
-      userset user and the node it names, share one string object. It holds exactly the
-      strings some tuple names as its node or as its (userset) user; plain users need no
-      entry, since ``_nodes_by_user`` is the only place that keeps them.
-    * ``_node_tuples``: node -> number of tuples at it. With ``_nodes_by_user`` (the tuples
-      naming a string as their user) this is the bookkeeping that drops a string from
-      ``_strings`` when its last tuple goes; lookups never depend on ``_strings``.
+    * Node keys and userset users are interned with :func:`sys.intern`, so a node key
+      repeated across tuples, and a userset user and the node it names, share one string
+      object. The interpreter's table does not keep a string alive (interned strings are
+      mortal in CPython), so a string goes when its last tuple goes with no bookkeeping
+      here; plain users are not interned (``_nodes_by_user`` is the only place keeping them).
     * ``_memo``: node -> (every node its full forward walk reaches, depth of the deepest
       one), for walks that ended without a proof (:mod:`engine.graph.search` decides which).
       It answers later denials from that node with one ``isdisjoint``. Emptied whenever a
       userset tuple is added or removed (plain-user tuples cannot change a walk), and when
       it outgrows ``max(_MEMO_MIN_ROOM, len(self))`` set slots, so it costs at most about
       as much again as a ``_nodes_by_user`` entry per tuple.
+    * ``_answers``: user -> node -> result for checks that needed a walk (the answer cache;
+      see :func:`engine.graph.check`), all under the cap ``_answers_cap`` (a check with
+      another cap empties it first: the engine uses one). An answer depends only on the userset
+      edges and on the nodes holding that user directly, so adding or removing a tuple
+      drops the cached answers of its user, and a userset tuple (which changes edges) drops
+      them all, with the memo. Emptied when it outgrows ``max(_ANSWERS_MIN_ROOM, len(self)
+      // 8)`` entries.
 
     A userset string ``"U#S"`` is both a user and the node key of ``(U, S)``, so
     ``_nodes_by_user["U#S"]`` lists the parents of node ``U#S``: the reverse edges come free.
@@ -59,17 +74,18 @@ class StoreGraph:
     Not thread-safe; see the module docstring.
     """
 
-    __slots__ = ("_count", "_memo", "_memo_room", "_node_tuples", "_nodes_by_user", "_strings",
+    __slots__ = ("_answers", "_answers_cap", "_answers_room", "_count", "_memo", "_memo_room", "_nodes_by_user",
                  "_usersets")
 
     def __init__(self) -> None:
         """Create an empty graph."""
         self._nodes_by_user: dict[str, Nodes] = {}
         self._usersets: dict[str, Kids] = {}
-        self._strings: dict[str, str] = {}
-        self._node_tuples: dict[str, int] = {}
         self._memo: dict[str, tuple[frozenset[str], int]] = {}
         self._memo_room = _MEMO_MIN_ROOM
+        self._answers: dict[str, dict[str, CheckResult]] = {}
+        self._answers_cap = 0
+        self._answers_room = _ANSWERS_MIN_ROOM
         self._count = 0
 
     def __len__(self) -> int:
@@ -93,7 +109,7 @@ class StoreGraph:
 
         Inputs are trusted to be valid (see :mod:`common.tuples`); nothing is raised.
         """
-        return self._insert(((object, relation, user),)) == 1
+        return self._insert(((object + "#" + relation, user),)) == 1
 
     def load(self, rows: Iterable[tuple[str, str, str]]) -> None:
         """Add many ``(object, relation, user)`` rows; duplicates (and present tuples) are skipped.
@@ -104,35 +120,39 @@ class StoreGraph:
         index holds no reference cycles) and restored to its previous state afterwards. Rows
         added before an exception in ``rows`` stay added.
         """
+        self.load_nodes((o + "#" + r, u) for o, r, u in rows)
+
+    def load_nodes(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """:meth:`load` for ``(node, user)`` pairs, ``node`` being ``"object#relation"``
+        already (the engine's snapshot query joins the two in PostgreSQL: one Python string
+        operation less per row)."""
         collecting = gc.isenabled()
         gc.disable()
         try:
-            self._insert(rows)
+            self._insert(pairs)
         finally:
             if collecting:
                 gc.enable()
 
-    def _insert(self, rows: Iterable[tuple[str, str, str]]) -> int:
-        """Add ``rows``; return how many were absent. The one insertion routine, for :meth:`add`
-        (one row) and :meth:`load` alike: a loop over local names, so a big load pays no call
-        per row."""
-        intern = self._strings.setdefault
+    def _insert(self, pairs: Iterable[tuple[str, str]]) -> int:
+        """Add ``(node, user)`` pairs; return how many were absent. The one insertion routine,
+        for :meth:`add` (one row) and the loads alike: a loop over local names, so a big load
+        pays no call per row."""
+        intern = sys.intern
         by_user = self._nodes_by_user
         by_user_get = by_user.get
-        node_tuples = self._node_tuples
-        node_tuples_get = node_tuples.get
         usersets = self._usersets
         usersets_get = usersets.get
         memo = self._memo
+        answers = self._answers
         small = _SMALL
         added = 0
         try:
-            for obj, rel, user in rows:
-                key = obj + "#" + rel
-                key = intern(key, key)
+            for key, user in pairs:
+                key = intern(key)
                 is_userset = "#" in user
                 if is_userset:
-                    user = intern(user, user)
+                    user = intern(user)
                 cur = by_user_get(user)
                 if cur is None:
                     by_user[user] = (key,)
@@ -142,10 +162,9 @@ class StoreGraph:
                     by_user[user] = (*cur, key) if len(cur) < small else {*cur, key}
                 else:
                     cur.add(key)  # type: ignore[union-attr]
-                node_tuples[key] = node_tuples_get(key, 0) + 1
                 if is_userset:
-                    if memo:  # a new userset edge can change any walk
-                        self._forget_walks()
+                    if memo or answers:  # a new userset edge can change any walk
+                        self._edges_changed()
                     kids = usersets_get(key)
                     if kids is None:
                         usersets[key] = (user,)
@@ -153,6 +172,8 @@ class StoreGraph:
                         usersets[key] = (*kids, user) if len(kids) < small else [*kids, user]
                     else:
                         kids.append(user)  # type: ignore[union-attr]
+                elif answers:  # a new holder of `user`: its answers may change
+                    answers.pop(user, None)
                 added += 1
         finally:
             self._count += added
@@ -174,8 +195,8 @@ class StoreGraph:
             if len(cur) <= _SMALL // 2:
                 by_user[user] = tuple(cur)
         if "#" in user:
-            if self._memo:
-                self._forget_walks()
+            if self._memo or self._answers:
+                self._edges_changed()
             usersets = self._usersets
             kids = usersets[key]
             if len(kids) == 1:
@@ -186,21 +207,33 @@ class StoreGraph:
                 kids.remove(user)  # type: ignore[union-attr]
                 if len(kids) <= _SMALL // 2:
                     usersets[key] = tuple(kids)
-            self._release(user)
-        node_tuples = self._node_tuples
-        left = node_tuples[key] - 1
-        if left:
-            node_tuples[key] = left
-        else:
-            del node_tuples[key]
-            self._release(key)
+        elif self._answers:
+            self._answers.pop(user, None)
         self._count -= 1
         return True
 
-    def _release(self, string: str) -> None:
-        """Drop ``string`` from the intern table once no tuple names it as node or user."""
-        if string not in self._node_tuples and string not in self._nodes_by_user:
-            self._strings.pop(string, None)
+    def _edges_changed(self) -> None:
+        """A userset tuple was added or removed: any walk and any answer may differ now."""
+        self._forget_walks()
+        self._forget_answers()
+
+    def _forget_answers(self) -> None:
+        """Drop the answer cache (edges changed, or it is full)."""
+        self._answers.clear()
+        self._answers_room = max(_ANSWERS_MIN_ROOM, self._count >> 3)
+
+    def _remember_answer(self, user: str, key: str, max_depth: int, result: CheckResult) -> None:
+        """Cache the answer of a check that needed a walk (see ``_answers``)."""
+        self._answers_room -= 1
+        if self._answers_room < 0 or max_depth != self._answers_cap:
+            self._forget_answers()
+            self._answers_cap = max_depth
+            self._answers_room -= 1
+        known = self._answers.get(user)
+        if known is None:
+            self._answers[user] = {key: result}
+        else:
+            known[key] = result
 
     def _forget_walks(self) -> None:
         """Drop the memo (a userset tuple changed, or the memo is full)."""
@@ -214,4 +247,4 @@ class StoreGraph:
         if self._memo_room < 0:
             self._forget_walks()
             self._memo_room -= cost
-        self._memo[self._strings.get(key, key)] = (frozenset(seen), deepest)
+        self._memo[sys.intern(key)] = (frozenset(seen), deepest)

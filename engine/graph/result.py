@@ -26,7 +26,7 @@ class CheckResult:
       spelled ``"object#relation@user"``; empty when denied and for the ``X == "O#R"`` rule.
       A step splits at its first ``'#'`` and then the next ``'@'`` (see :mod:`common.tuples`).
     * ``dispatch_count``: number of ``object#relation`` nodes this call visited (work done;
-      a denial answered from the memoised walk counts 1).
+      a denial answered from the memoised walk, and an answer from the answer cache, count 1).
     * ``depth``: number of nodes on the proof path (1 for a direct match, 0 when denied).
     """
 

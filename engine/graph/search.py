@@ -9,6 +9,12 @@ to tell a deny from a cut (raise); that walk depends on the node alone, so for b
 node set and depth are memoised per node (in :class:`~engine.graph.index.StoreGraph`) until a
 userset tuple changes, which also answers later denials from that node with one set operation.
 
+Answers that needed a walk are cached per user and node (``StoreGraph._answers``) and returned
+as they were computed (with ``dispatch_count`` 1) until a tuple of that user, or any userset
+tuple, is added or removed: an answer is a function of the userset edges and of the nodes
+holding the user directly, and nothing else (this is the check cache SpiceDB and OpenFGA keep,
+made exact by invalidation instead of a time-to-live).
+
 The exact rule is in :mod:`engine.graph`. No I/O, standard library only.
 """
 
@@ -17,7 +23,7 @@ from __future__ import annotations
 from itertools import chain, repeat
 from typing import Final
 
-from engine.graph.index import EMPTY, Nodes, StoreGraph
+from engine.graph.index import EMPTY, Kids, Nodes, StoreGraph
 from engine.graph.proof import userset_proof
 from engine.graph.result import DENIED_ONE, CheckResult, ResolutionTooComplex, denied, new_result
 
@@ -78,6 +84,23 @@ def check(
         if memo[1] > max_depth:
             raise ResolutionTooComplex(max_depth)
         return DENIED_ONE
+    known = graph._answers.get(user)
+    if known is not None and max_depth == graph._answers_cap:
+        hit = known.get(key)
+        if hit is not None:
+            return hit
+    result = _walk(graph, key, kids, user, holders, max_depth)
+    graph._remember_answer(user, key, max_depth, result if result.dispatch_count == 1 else (
+        new_result(True, result.resolution, result.resolution_path, 1, result.depth)
+        if result.allowed else DENIED_ONE))
+    return result
+
+
+def _walk(
+    graph: StoreGraph, key: str, kids: Kids, user: str, holders: Nodes | None, max_depth: int
+) -> CheckResult:
+    """The answer for a node with userset children that neither a direct tuple, the memo nor
+    the answer cache gave."""
     ahead = set(kids)  # depth 2
     ahead.discard(key)
     if holders is None or max_depth == 1:  # no proof can exist within the cap

@@ -485,8 +485,8 @@ async def test_batch_preserves_order(project: Project) -> None:
                                            "group:g#member@user:b"])
     specs = ["doc:1#viewer@user:a", "doc:1#viewer@user:b", "doc:2#viewer@user:b",
              "doc:2#viewer@user:a", "doc:2#viewer@group:g#member", "doc:3#viewer@user:a",
-             "doc:1#viewer@user:a"]
-    expected = [True, False, True, False, True, False, True]
+             "doc:1#viewer@user:a", "doc:2#viewer@user:b", "doc:3#viewer@user:a"]
+    expected = [True, False, True, False, True, False, True, True, False]
     r = await batch(project.api, store, [{"tuple_key": tk(s)} for s in specs],
                     consistency={"at_least_revision": rev})
     assert r.status == 200, r.body
@@ -497,7 +497,8 @@ async def test_batch_preserves_order(project: Project) -> None:
     assert results[0]["resolution_path"] == ["doc:1#viewer@user:a"]
     assert results[2]["resolution_path"] == ["doc:2#viewer@group:g#member", "group:g#member@user:b"]
     assert [x["resolution"] for x in results] == ["direct", "none", "userset", "none", "direct",
-                                                  "none", "direct"]
+                                                  "none", "direct", "userset", "none"]
+    assert results[7]["resolution_path"] == results[2]["resolution_path"]  # a repeated answer
     for x in results:
         assert x["revision"] == r.body["revision"]
         # each answer agrees with the single check

@@ -132,20 +132,25 @@ def assert_consistent(g: StoreGraph, res: CheckResult, o: str, r: str, u: str) -
 
 
 def assert_index_exact(g: StoreGraph, current: set[Row]) -> None:
-    """``g`` holds exactly ``current``; its intern table holds exactly the strings those tuples
-    name as node or as userset user, each being the one object the index stores."""
+    """``g`` holds exactly ``current``, and every node key and userset user it stores is the
+    interned object (one object per distinct string)."""
     assert len(g) == len(current)
     assert all(t in g for t in current)
     nodes = Counter(f"{o}#{r}" for o, r, _ in current)
-    assert g._node_tuples == dict(nodes)
     assert set(g._nodes_by_user) == {u for _, _, u in current}
-    assert set(g._strings) == set(nodes) | {u for _, _, u in current if "#" in u}
-    assert all(k is v for k, v in g._strings.items())
+    held_nodes: Counter[str] = Counter()
     for user, held in g._nodes_by_user.items():
-        assert "#" not in user or g._strings[user] is user
-        assert all(g._strings[k] is k for k in held)
+        assert "#" not in user or sys.intern(user) is user
+        assert all(sys.intern(k) is k for k in held)
+        held_nodes.update(held)
+    assert held_nodes == nodes
+    kids_expected: dict[str, set[str]] = {}
+    for o, r, u in current:
+        if "#" in u:
+            kids_expected.setdefault(f"{o}#{r}", set()).add(u)
+    assert {k: set(v) for k, v in g._usersets.items()} == kids_expected
     for key, kids in g._usersets.items():
-        assert g._strings[key] is key and all(g._strings[k] is k for k in kids)
+        assert sys.intern(key) is key and all(sys.intern(k) is k for k in kids)
 
 
 # --- the conformance cases (OpenFGA's, converted) ---------------------------------------------
@@ -264,6 +269,84 @@ def test_matches_oracle_while_tuples_change(seed: int) -> None:
             cap = rng.choice((2, 4, 25))
             assert outcome(g, o, r, u, cap) == oracle(current, o, r, u, cap), (o, r, u, cap)
         assert_index_exact(g, current)
+
+
+def same_answer(a: CheckResult | str, b: CheckResult | str) -> bool:
+    """Equal verdict, resolution, path and depth (``dispatch_count`` is work, not answer)."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return (a.allowed, a.resolution, a.resolution_path, a.depth) == (
+        b.allowed, b.resolution, b.resolution_path, b.depth)
+
+
+def answer(g: StoreGraph, q: Row, cap: int) -> CheckResult | str:
+    try:
+        return run(g, *q, cap)
+    except ResolutionTooComplex:
+        return "raise"
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_cached_answers_match_a_fresh_graph_while_tuples_change(seed: int) -> None:
+    """A fixed pool of checks asked again and again (so answers come from the cache) between
+    adds and removes of plain and userset tuples: every answer, proof path included, equals
+    that of a graph freshly built from the current tuples (empty caches), and the oracle's."""
+    rng = random.Random(4000 + seed)
+    nodes, users = rng.randint(3, 30), rng.randint(1, 6)
+    current = set(random_rows(rng, nodes, users, rng.randint(10, 120), 0.5))
+    g = graph_of(sorted(current))
+    walks = sorted(g._usersets)  # checks from these nodes need a walk: the cached kind
+    pool = []
+    for _ in range(25):
+        o, r, u = random_query(rng, nodes, users)
+        if walks and rng.random() < 0.7:
+            o, _, r = rng.choice(walks).partition("#")
+        pool.append(((o, r, u), rng.choice((3, 25))))
+    hits = 0
+    for _ in range(250):
+        action = rng.random()
+        if action < 0.15:  # mostly plain tuples: a userset tuple empties the whole cache
+            t = random_rows(rng, nodes, users, 1, rng.choice((0.0, 0.0, 0.5)))[0]
+            g.add(*t)
+            current.add(t)
+        elif action < 0.3 and current:
+            plain = sorted(t for t in current if "#" not in t[2])
+            t = rng.choice(plain if plain and rng.random() < 0.8 else sorted(current))
+            g.remove(*t)
+            current.discard(t)
+        else:
+            q, cap = rng.choice(pool)
+            cached = g._answers.get(q[2], {}).get(f"{q[0]}#{q[1]}")
+            hits += cached is not None and g._answers_cap == cap
+            got = answer(g, q, cap)
+            fresh_graph = graph_of(sorted(current))
+            assert same_answer(got, answer(fresh_graph, q, cap)), (q, cap)
+            want = oracle(current, *q, cap)
+            assert (got if isinstance(got, str) else got.depth if got.allowed else 0) == want
+    assert hits  # cached answers were reused between the changes
+
+
+def test_answer_cache_is_used_and_dropped() -> None:
+    g = graph_of([("doc:1", "viewer", "group:a#member"), ("group:a", "member", "group:b#member"),
+                  ("group:b", "member", "user:x")])
+    first = run(g, "doc:1", "viewer", "user:x")
+    assert (first.depth, first.dispatch_count) == (3, 3)
+    again = run(g, "doc:1", "viewer", "user:x")  # from the cache: same answer, one node
+    assert (again.resolution_path, again.dispatch_count) == (first.resolution_path, 1)
+    assert g._answers
+    g.add("group:a", "member", "user:x")  # a plain tuple of that user: a shorter proof now
+    assert run(g, "doc:1", "viewer", "user:x").resolution_path == (
+        "doc:1#viewer@group:a#member", "group:a#member@user:x")
+    assert g.remove("group:b", "member", "user:x")
+    assert g.remove("group:a", "member", "user:x")  # ... and gone again
+    assert run(g, "doc:1", "viewer", "user:x").allowed is False
+    assert run(g, "doc:1", "viewer", "user:y").allowed is False
+    assert "user:y" in g._answers
+    g.add("group:b", "member", "user:x")  # another user's tuple leaves user:y's answers
+    assert "user:y" in g._answers
+    assert g.remove("doc:1", "viewer", "group:a#member")  # an edge: every answer goes
+    assert not g._answers
+    assert run(g, "doc:1", "viewer", "user:x").allowed is False
 
 
 @pytest.mark.parametrize(("memo_min", "budget"), [(1, 0), (1, 3), (2, 10_000)])
@@ -534,28 +617,24 @@ def test_strings_are_shared_and_released() -> None:
             (fresh("doc:2"), fresh("viewer"), fresh("user:a")),
             (fresh("doc:2"), fresh("viewer"), fresh("user:b"))]
     g.load(rows)
-    keys = {k: k for k in g._strings}
-    # Node keys and userset users only: a plain user is stored once anyway, as a key.
-    assert set(keys) == {"doc:1#viewer", "group:x#member", "doc:2#viewer"}
     # The userset user and the node it names are one object; so is a node across its tuples.
     kid = g._usersets["doc:1#viewer"][0]
-    assert kid is keys["group:x#member"]
+    assert kid is next(k for k in g._nodes_by_user["user:a"] if k == "group:x#member")
     held_a, held_b = g._nodes_by_user["user:a"], g._nodes_by_user["user:b"]
-    assert next(iter(held_b)) is keys["doc:2#viewer"] and keys["doc:2#viewer"] in held_a
-    assert next(k for k in held_a if k == "doc:2#viewer") is keys["doc:2#viewer"]
+    doc2 = next(iter(held_b))
+    assert doc2 == "doc:2#viewer" and next(k for k in held_a if k == doc2) is doc2
     assert_index_exact(g, set(rows))
-    # Every string is still referenced from here (rows, keys, kid): what is dropped is decided
-    # by the index's own bookkeeping, not by who else holds a reference.
+    del kid, held_a, held_b
+    # Released: once its tuples are gone the index keeps no reference to a string (the
+    # interpreter's intern table does not count), so it is freed with its last user.
+    base = sys.getrefcount(doc2)
     assert g.remove(fresh("doc:2"), fresh("viewer"), fresh("user:a"))
-    assert set(g._strings) == {"doc:1#viewer", "group:x#member", "doc:2#viewer"}  # user:b left
+    assert sys.getrefcount(doc2) == base - 1
     assert g.remove(fresh("doc:2"), fresh("viewer"), fresh("user:b"))
-    assert set(g._strings) == {"doc:1#viewer", "group:x#member"}
-    assert g.remove(fresh("doc:1"), fresh("viewer"), fresh("group:x#member"))
-    assert set(g._strings) == {"group:x#member"}  # still the node of group:x#member@user:a
-    assert g.remove(fresh("group:x"), fresh("member"), fresh("user:a"))
-    assert (len(g), g._strings, g._node_tuples, g._nodes_by_user, g._usersets) == (
-        0, {}, {}, {}, {})
-    assert len(rows) == 4 and kid in keys  # (kept alive on purpose until here)
+    assert sys.getrefcount(doc2) == base - 2
+    for t in rows[:2]:
+        assert g.remove(*map(fresh, t))
+    assert (len(g), g._nodes_by_user, g._usersets) == (0, {}, {})
 
 
 def test_remove_keeps_strings_in_use() -> None:
@@ -571,7 +650,7 @@ def test_remove_keeps_strings_in_use() -> None:
         current.discard(t)
         assert_index_exact(g, current)
         assert g.remove(*t) is False
-    assert g._strings == {}
+    assert (g._nodes_by_user, g._usersets) == ({}, {})
     for t in rows:  # and back, in another order
         assert g.add(*t) is True
     assert_index_exact(g, set(rows))
