@@ -29,7 +29,7 @@ What it does:
    it refuses with reason ``revoked``; the lag is from the revoke call's response to that first
    refusal (p50/p99/max). Target p99 < 100 ms.
 
-4. **In process** (``--inprocess-seconds``; no HTTP): ``engine.edge.SessionJudge`` with every
+4. **In process** (``--inprocess-seconds``; no HTTP): ``engine.sessions.SessionJudge`` with every
    project's keys read from the database (``common.jwks.PublishedKeys``) and a revocation
    mirror of ``--revoked`` sessions, judging the signed-in tokens one after another: ``fresh``
    (the verified-token cache emptied before each, so a signature verification each time) and
@@ -335,7 +335,7 @@ async def in_process(db_url: str, issuer: str, tokens: list[str], seconds: float
     from common.db import create_pool
     from common.jwks import PublishedKeys
     from common.revocations import RevocationMirror
-    from engine.edge import SessionJudge
+    from engine.sessions import SessionJudge
 
     pool = await create_pool(db_url, min_size=1, max_size=2)
     try:

@@ -10,10 +10,10 @@ from typing import Final
 
 from aiohttp import web
 
-from common.access_tokens import AccessClaims
 from common.jwks import PublishedKeys
 from common.revocations import RevocationMirror
 from engine.registry import StoreRegistry
+from engine.sessions import SessionJudge
 
 STORES: Final = web.AppKey("engine_stores", StoreRegistry)
 """The store registry: every store's tuple graph in memory (set while the app runs)."""
@@ -21,9 +21,9 @@ STORES: Final = web.AppKey("engine_stores", StoreRegistry)
 REVOCATIONS: Final = web.AppKey("engine_revocations", RevocationMirror)
 """The revoked sessions, mirrored from Redis by ``engine.edge`` (set while the app runs)."""
 
-VERIFIED_TOKENS: Final = web.AppKey("engine_verified_tokens", dict[str, AccessClaims])
-"""Access tokens already verified, by their signature part, until they expire
-(``engine.edge``)."""
+JUDGE: Final = web.AppKey("engine_session_judge", SessionJudge)
+"""Judges sessions at the edge, with the access tokens it verified remembered until they
+expire (``engine.sessions``; set by ``engine.edge`` while the app runs)."""
 
 KEYS: Final = web.AppKey("engine_keys", PublishedKeys)
 """Every project's signing keys in memory, kept current by ``engine.keys`` (set while the app

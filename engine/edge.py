@@ -45,8 +45,9 @@ answers 403 ``forbidden`` when denied.
 State (``engine.appkeys``): :data:`~engine.appkeys.REVOCATIONS`, the revocation set mirrored
 from Redis by :func:`follow_session_revocations` (loaded in full at start and after every
 (re)subscription, kept current from the channel, pruned past the scores), and
-:data:`~engine.appkeys.VERIFIED_TOKENS`, tokens already verified until they expire, so a
-repeated token costs a dict lookup, the key's publication test and the revocation test. Keys
+:data:`~engine.appkeys.JUDGE`, the request-free judgement of ``engine.sessions`` with the
+tokens it verified remembered until they expire, so a repeated token costs a dict lookup, the
+key's publication test and the revocation test. Keys
 come from :data:`~engine.appkeys.KEYS`, every project's keys in memory (``engine.keys``): a
 cached token whose key has been retired past its ``publish_until`` (or deleted) is refused with
 ``signature`` like a fresh one. No audit event per validation: it is a hot path; counters and
@@ -59,7 +60,6 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -67,11 +67,8 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from common.access_tokens import (
-    LEEWAY_SECONDS,
     SESSION_COOKIE,
     AccessClaims,
-    InvalidToken,
-    verify_access_token,
 )
 from common.appkeys import REDIS, SETTINGS
 from common.db import follow_channel
@@ -86,17 +83,17 @@ from common.errors import (
 )
 from common.http import REQUEST_ID, read_json
 from common.ids import is_id
-from common.jwks import PublishedKeys
 from common.revocations import LEEWAY_SECONDS as REVOCATION_LEEWAY_SECONDS
 from common.revocations import RevocationMirror, channel, parse_message, set_key
 from common.routing import METHODS, Operation, Reply, RouteTable, summary_of
 from common.runtime import every, stop_tasks
 from common.tuples import TupleFormatError, validate_object, validate_relation
 from engine import edge_metrics, graph
-from engine.appkeys import KEYS, REVOCATIONS, STORES, VERIFIED_TOKENS
+from engine.appkeys import JUDGE, KEYS, REVOCATIONS, STORES
 from engine.schemas import EdgeIdentity, EdgeQuery, EdgeValidateBody
+from engine.sessions import SessionJudge
 
-__all__ = ["SessionJudge", "edge_ctx", "follow_session_revocations", "forward_auth", "mount", "routes",
+__all__ = ["edge_ctx", "follow_session_revocations", "forward_auth", "mount", "routes",
            "validate"]
 
 log = logging.getLogger(__name__)
@@ -105,8 +102,6 @@ routes = RouteTable("edge", "Session validation for edge proxies, answered from 
 
 PRUNE_SECONDS: Final = 60.0
 """How often revocation entries past their score are dropped."""
-MAX_VERIFIED: Final = 100_000
-"""Most verified tokens remembered; past it, expired ones are dropped (all if none expired)."""
 
 _HEADERS: Final = {
     "Service-User-Id": "The session's user id.",
@@ -204,7 +199,8 @@ async def edge_ctx(app: web.Application) -> AsyncIterator[None]:
     the first request on whenever Redis answers."""
     settings = app[SETTINGS]
     mirror = RevocationMirror()
-    app[REVOCATIONS], app[VERIFIED_TOKENS] = mirror, {}
+    app[REVOCATIONS] = mirror
+    app[JUDGE] = SessionJudge({}, app[KEYS], settings.public_base_url, mirror)
     loaded = asyncio.Event()
     horizon = settings.access_token_ttl_seconds + REVOCATION_LEEWAY_SECONDS
     feed = asyncio.create_task(follow_session_revocations(
@@ -236,79 +232,19 @@ def _token(request: web.Request) -> str | None:
     return request.cookies.get(SESSION_COOKIE) or None
 
 
-def _invalid_session(reason: str, message: str) -> InvalidSession:
-    return InvalidSession(message, details={"reason": reason})
-
-
-@dataclass(frozen=True, slots=True)
-class SessionJudge:
-    """What judging a session needs, none of it per request: the verified-token cache, every
-    project's keys, the issuer tokens must name, the revocation mirror. Built per app from its
-    state (:func:`_judge`), and by ``bench/bench_edge.py`` to measure validation in process."""
-
-    cache: dict[str, AccessClaims]
-    keys: PublishedKeys
-    issuer: str
-    revocations: RevocationMirror
-
-    async def claims(self, token: str) -> AccessClaims:
-        """The verified claims of ``token``, from the cache when it was verified before (its
-        key re-checked in memory). Raises InvalidSession (``signature`` or ``expired``)."""
-        cache = self.cache
-        claims = cache.get(token)
-        now = time.time()
-        if claims is not None:
-            if not self.keys.still_published(claims.kid, now):  # retired past overlap/deleted
-                del cache[token]
-                raise _invalid_session("signature", "The access token's signing key is no "
-                                                    "longer published.")
-            if claims.exp + LEEWAY_SECONDS >= now:
-                return claims
-            del cache[token]
-            raise _invalid_session("expired", "The access token has expired.")
-        try:
-            claims = await verify_access_token(token, keys=self.keys, issuer=self.issuer)
-        except InvalidToken as exc:
-            reason = "expired" if exc.reason == "expired" else "signature"
-            raise _invalid_session(reason, exc.message) from None
-        if len(cache) >= MAX_VERIFIED:
-            for stale in [t for t, c in cache.items() if c.exp + LEEWAY_SECONDS < now]:
-                del cache[stale]
-            if len(cache) >= MAX_VERIFIED:
-                cache.clear()
-        cache[token] = claims
-        return claims
-
-    async def session(self, token: str | None, pins: tuple[str, ...] = ()) -> AccessClaims:
-        """Judge the session of ``token`` (of every project in ``pins``): its claims, or
-        NoSession (no token) or InvalidSession (``details.reason``: ``signature``,
-        ``expired``, ``project``, ``revoked``, in that order of judgement)."""
-        if token is None:
-            raise NoSession("No session: send the access token as a Bearer token or the "
-                            "service_session cookie.")
-        claims = await self.claims(token)
-        if any(pin != claims.pid for pin in pins):
-            raise _invalid_session("project", "The session belongs to another project.")
-        if self.revocations.is_revoked(claims.sid):
-            raise _invalid_session("revoked", "The session has been revoked.")
-        return claims
-
-
-def _judge(app: web.Application) -> SessionJudge:
-    return SessionJudge(app[VERIFIED_TOKENS], app[KEYS], app[SETTINGS].public_base_url,
-                        app[REVOCATIONS])
+async def _session(request: web.Request, pins: tuple[str, ...]) -> AccessClaims:
+    """Judge the request's session (:meth:`engine.sessions.SessionJudge.session`)."""
+    return await request.app[JUDGE].session(_token(request), pins)
 
 
 def _pins(request: web.Request) -> tuple[str, ...]:
     """The projects the caller pins: the ``project_id`` query parameter and the
     ``Service-Project`` header, each when given (every one must be the token's)."""
-    query, header = request.query.get("project_id"), request.headers.get("Service-Project")
+    header = request.headers.get("Service-Project")
+    query = request.query.get("project_id") if request.query_string else None
+    if query is None:
+        return (header,) if header else ()
     return tuple(p for p in (query, header) if p)
-
-
-async def _session(request: web.Request, pins: tuple[str, ...]) -> AccessClaims:
-    """Judge the request's session (:meth:`SessionJudge.session`)."""
-    return await _judge(request.app).session(_token(request), pins)
 
 
 def _check_pin(request: web.Request) -> None:
@@ -437,12 +373,19 @@ async def forward_auth(request: web.Request) -> web.Response:
     original request's (Envoy ext_authz, Caddy): see the module's docstring."""
     try:
         headers = request.headers
-        _check_pin(request)
-        permissions = [p for p in (
-            _permission({name: headers.get(header) for name, header in _CHECK_HEADERS.items()}),
-            _permission(dict(request.query))) if p is not None]
+        permissions: list[tuple[str, str, str]] = []
+        if any(header in headers for header in _CHECK_HEADERS.values()):
+            permission = _permission({name: headers.get(header)
+                                      for name, header in _CHECK_HEADERS.items()})
+            if permission is not None:
+                permissions.append(permission)
+        if request.query_string:  # the common forward-auth call has none: parse only if any
+            _check_pin(request)
+            permission = _permission(dict(request.query))
+            if permission is not None and permission not in permissions:
+                permissions.append(permission)
         claims = await _session(request, _pins(request))
-        for permission in dict.fromkeys(permissions):  # the same check asked twice is one
+        for permission in permissions:
             await _allowed(request, claims, permission)
     except ServiceError as exc:
         edge_metrics.denied(exc)
