@@ -151,14 +151,21 @@ class RouteTable:
 
         return register
 
-    def mount(self, router: web.UrlDispatcher) -> None:
+    def mount(self, router: web.UrlDispatcher) -> dict[str, web.Resource]:
         """Register every operation with ``router`` (a GET route also as HEAD unless its
-        ``allow_head`` is off)."""
+        ``allow_head`` is off), one resource per path: aiohttp tries a request's candidate
+        resources one by one, so a path registered as several resources (one per method,
+        interleaved with others) costs a match attempt per resource on every request. Returns
+        the resources by their path as declared."""
+        resources: dict[str, web.Resource] = {}
         for op in self._operations:
-            if op.method == "GET":
-                router.add_get(op.path, op.handler, allow_head=op.allow_head)
-            else:
-                router.add_route(op.method, op.path, op.handler)
+            resource = resources.get(op.path)
+            if resource is None:
+                resource = resources[op.path] = router.add_resource(op.path)
+            if op.method == "GET" and op.allow_head:
+                resource.add_route("HEAD", op.handler)
+            resource.add_route(op.method, op.handler)
+        return resources
 
 
 def operations(tables: Iterable[RouteTable]) -> list[Operation]:

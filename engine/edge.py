@@ -429,6 +429,6 @@ def mount(router: web.UrlDispatcher) -> None:
     request's method, and a 405 would reach the client of a CORS preflight as a refusal (Envoy
     allows only 200; nginx makes a 500 of anything but 200, 401 and 403). The document lists
     the common methods; these answer alike."""
-    routes.mount(router)
-    for path in _AUTH_PATHS:
-        router.add_route("*", path, forward_auth)
+    resources = routes.mount(router)
+    for path in _AUTH_PATHS:  # on the same resources: one match attempt per path
+        resources[path].add_route("*", forward_auth)
