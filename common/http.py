@@ -30,6 +30,7 @@ from aiohttp import http_exceptions, web, web_protocol, web_request
 from common.db import is_connection_error
 from common.errors import (
     DbUnavailable,
+    Forbidden,
     InternalError,
     InvalidRequest,
     MethodNotAllowed,
@@ -244,6 +245,25 @@ def _from_http_exception(exc: web.HTTPException) -> ServiceError:
     return err
 
 
+_DENY_ONLY_PREFIXES: list[str] = []
+
+
+def deny_only_under(prefix: str) -> None:
+    """Answer every refusal of a path under ``prefix`` with 401 or 403 only: an error of
+    another status (a header that is not text, a bad ``Expect``, ...) becomes 403 ``forbidden``
+    with its code as ``details.reason``. For forward auth (``engine.edge``): nginx turns any
+    other status of an ``auth_request`` into a 500, and Envoy lets only 200 through."""
+    if prefix not in _DENY_ONLY_PREFIXES:
+        _DENY_ONLY_PREFIXES.append(prefix)
+
+
+def _refusal(request: web.Request, err: ServiceError, rid: str) -> web.Response:
+    if err.status not in (401, 403) and _DENY_ONLY_PREFIXES and request.path.startswith(
+            tuple(_DENY_ONLY_PREFIXES)):
+        err = Forbidden(err.message, details={"reason": err.code})
+    return error_response(err, rid)
+
+
 @web.middleware
 async def envelope_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request id in, ``X-Request-Id`` out, every exception as the error envelope."""
@@ -256,21 +276,21 @@ async def envelope_middleware(request: web.Request, handler: Handler) -> web.Str
         # one that is not text is refused here, once, rather than failing wherever it lands.
         bad_header = undecodable_header(request)
         if bad_header is not None:
-            return error_response(InvalidRequest.field(bad_header, NOT_UTF8), rid)
+            return _refusal(request, InvalidRequest.field(bad_header, NOT_UTF8), rid)
         response = await handler(request)
     except ServiceError as err:
-        return error_response(err, rid)
+        return _refusal(request, err, rid)
     except web.HTTPException as exc:
         if exc.status < 400:
             exc.headers["X-Request-Id"] = rid
             raise
-        return error_response(_from_http_exception(exc), rid)
+        return _refusal(request, _from_http_exception(exc), rid)
     except Exception as exc:
         if is_connection_error(exc):
             log.warning("database unavailable", extra={"request_id": rid}, exc_info=exc)
-            return error_response(DbUnavailable(), rid)
+            return _refusal(request, DbUnavailable(), rid)
         log.exception("unhandled error", extra={"request_id": rid})
-        return error_response(InternalError(), rid)
+        return _refusal(request, InternalError(), rid)
     finally:
         CURRENT_REQUEST_ID.reset(token)
     if not response.prepared:

@@ -64,6 +64,7 @@ from typing import Any, Final
 
 import orjson
 from aiohttp import web
+from multidict import MultiMapping
 from redis.asyncio import Redis
 
 from common.access_tokens import (
@@ -81,7 +82,7 @@ from common.errors import (
     ResolutionTooComplex,
     ServiceError,
 )
-from common.http import REQUEST_ID, read_json
+from common.http import REQUEST_ID, deny_only_under, read_json
 from common.ids import is_id
 from common.revocations import LEEWAY_SECONDS as REVOCATION_LEEWAY_SECONDS
 from common.revocations import RevocationMirror, channel, parse_message, set_key
@@ -238,20 +239,39 @@ async def _session(request: web.Request, pins: tuple[str, ...]) -> AccessClaims:
 
 
 def _pins(request: web.Request) -> tuple[str, ...]:
-    """The projects the caller pins: the ``project_id`` query parameter and the
-    ``Service-Project`` header, each when given (every one must be the token's)."""
-    header = request.headers.get("Service-Project")
-    query = request.query.get("project_id") if request.query_string else None
-    if query is None:
-        return (header,) if header else ()
-    return tuple(p for p in (query, header) if p)
+    """Every project the caller pins: each ``project_id`` query parameter and each
+    ``Service-Project`` header (every one must be the token's: a repeated pin cannot be
+    replaced by the client's value that comes first)."""
+    pins = request.headers.getall("Service-Project", ())
+    if request.query_string:  # a malformed one is refused by _check_pin, after the session
+        pins = (*pins, *(p for p in request.query.getall("project_id", ()) if is_id(p, "proj")))
+    return tuple(p for p in pins if p)
 
 
 def _check_pin(request: web.Request) -> None:
-    """Raises InvalidRequest when the ``project_id`` query parameter is not a project id."""
-    pinned = request.query.get("project_id")
-    if pinned is not None and not is_id(pinned, "proj"):
-        raise InvalidRequest.field("project_id", "not a project id")
+    """Raises InvalidRequest when a ``project_id`` query parameter is not a project id."""
+    for pinned in request.query.getall("project_id", ()):
+        if not is_id(pinned, "proj"):
+            raise InvalidRequest.field("project_id", "not a project id")
+
+
+def _one_each(values: MultiMapping[str], names: dict[str, str]) -> dict[str, str]:
+    """``{field: value}`` for each ``names`` item (field -> name in ``values``) given once, or
+    given repeatedly with one value. Raises InvalidRequest when a name carries two different
+    values: which one the caller meant cannot be told, and taking the first would let a value
+    placed before a proxy's (a client's query, an appended header) replace it."""
+    out: dict[str, str] = {}
+    for field, name in names.items():
+        given = set(values.getall(name, ()))
+        if len(given) > 1:
+            raise InvalidRequest.field(field, f"{name} given more than once with different "
+                                              "values")
+        if given:
+            out[field] = given.pop()
+    return out
+
+
+_QUERY_NAMES: Final = {name: name for name in _PERMISSION}
 
 
 def _permission(values: dict[str, Any]) -> tuple[str, str, str] | None:
@@ -334,22 +354,22 @@ async def validate(request: web.Request) -> web.Response:
     Bearer token wins). 401 ``no_session`` without one; 401 ``invalid_session`` with
     ``details.reason`` ``signature``, ``expired``, ``project`` (``project_id`` or
     ``Service-Project`` names another project) or ``revoked``. With ``store_id``, ``object``
-    and ``relation`` (query parameters, or the JSON body of a POST; all three or none) the
-    call also checks ``user:<sub>`` and answers 403 ``forbidden`` when denied; the session is
-    judged first. Bad parameters are 400 ``invalid_request``."""
-    values: dict[str, Any] = dict(request.query)
+    and ``relation`` (query parameters, or the JSON body of a POST; all three or none from
+    each, and both must be allowed when both are given) the call also checks ``user:<sub>``
+    and answers 403 ``forbidden`` when denied; the session is judged first. Bad parameters
+    (also a parameter repeated with different values) are 400 ``invalid_request``."""
+    permissions = [_permission(_one_each(request.query, _QUERY_NAMES))]
     if request.method == "POST" and request.can_read_body:
         body = await read_json(request)
         unknown = [k for k in body if k not in _PERMISSION]
         if unknown:
             raise InvalidRequest(f"{unknown[0]}: unknown field", details={
                 "fields": [{"field": k, "message": "unknown field"} for k in unknown]})
-        values = {**body, **{k: v for k, v in values.items() if k in _PERMISSION}}
+        permissions.append(_permission(body))
     _check_pin(request)
-    permission = _permission(values)
     try:
         claims = await _session(request, _pins(request))
-        if permission is not None:
+        for permission in dict.fromkeys(p for p in permissions if p is not None):
             await _allowed(request, claims, permission)
     except ServiceError as exc:
         edge_metrics.denied(exc)
@@ -372,19 +392,18 @@ async def forward_auth(request: web.Request) -> web.Response:
     and ``Service-Project``; every one given must hold, since the query string may be the
     original request's (Envoy ext_authz, Caddy): see the module's docstring."""
     try:
+        claims = await _session(request, _pins(request))  # 401 before 403 (DESIGN.md)
         headers = request.headers
         permissions: list[tuple[str, str, str]] = []
         if any(header in headers for header in _CHECK_HEADERS.values()):
-            permission = _permission({name: headers.get(header)
-                                      for name, header in _CHECK_HEADERS.items()})
+            permission = _permission(_one_each(headers, _CHECK_HEADERS))
             if permission is not None:
                 permissions.append(permission)
         if request.query_string:  # the common forward-auth call has none: parse only if any
             _check_pin(request)
-            permission = _permission(dict(request.query))
+            permission = _permission(_one_each(request.query, _QUERY_NAMES))
             if permission is not None and permission not in permissions:
                 permissions.append(permission)
-        claims = await _session(request, _pins(request))
         for permission in permissions:
             await _allowed(request, claims, permission)
     except ServiceError as exc:
@@ -429,6 +448,7 @@ def mount(router: web.UrlDispatcher) -> None:
     request's method, and a 405 would reach the client of a CORS preflight as a refusal (Envoy
     allows only 200; nginx makes a 500 of anything but 200, 401 and 403). The document lists
     the common methods; these answer alike."""
+    deny_only_under("/v1/edge/auth")  # what the envelope refuses there too: 401 or 403 only
     resources = routes.mount(router)
     for path in _AUTH_PATHS:  # on the same resources: one match attempt per path
         resources[path].add_route("*", forward_auth)

@@ -94,8 +94,9 @@ class EdgeQuery(RequestModel):
 
 
 class EdgeValidateBody(RequestModel):
-    """The JSON body of ``POST /v1/edge/validate``: the permission to check with the session
-    (all three or none; query parameters of the same name win)."""
+    """The JSON body of ``POST /v1/edge/validate``: a permission to check with the session
+    (all three or none). A permission in the query string is checked as well: both must be
+    allowed, and neither completes the other."""
 
     store_id: StoreId | None = None
     object: ObjectName | None = None

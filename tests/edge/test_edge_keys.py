@@ -37,7 +37,8 @@ from control_plane.appkeys import KEYRING, KMS, TOKENS
 from control_plane.signing_keys import repository as key_rows
 from control_plane.signing_keys import service as key_service
 from engine.app import create_engine_app
-from engine.appkeys import KEYS, STORES
+from engine.appkeys import JUDGE, KEYS, STORES
+from engine.sessions import SessionJudge
 from tests.fixtures.identity import SignedIn, email, sign_in
 from tests.fixtures.service import (
     Api,
@@ -271,3 +272,25 @@ async def test_a_key_change_missed_while_the_listener_was_down_is_caught_up(
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_a_full_verified_token_cache_drops_its_oldest_tenth(pair: Pair) -> None:
+    """At the cap the oldest tokens go, a tenth at a time, in the order they were verified: the
+    tokens in use stay verified, and a full cache never empties at once (every live token
+    verified again in one burst)."""
+    signed = await pair.sign_in()
+    cache: dict[str, Any] = {}
+    judge = SessionJudge(cache, pair.keys, pair.engine_app[SETTINGS].public_base_url,
+                         pair.engine_app[JUDGE].revocations, max_verified=20)
+    tokens = []
+    for i in range(25):
+        token = await pair.control_app[TOKENS].issue(
+            project_id=pair.project.id, user_id=signed.user_id, session_id=signed.session_id,
+            org_id=None, role=None, iat=int(time.time()) - i)
+        tokens.append(token)
+        assert (await judge.session(token)).sid == signed.session_id
+    # 20 fit; the 21st dropped the two oldest (a tenth), and so on: 25 verified, 19 kept.
+    assert len(cache) <= 20
+    assert tokens[0] not in cache and tokens[-1] in cache
+    assert list(cache) == [t for t in tokens if t in cache]  # oldest first
+    assert len(cache) >= 18  # never emptied

@@ -9,6 +9,7 @@ permission check against the engine's in-memory graph; the forward-auth form ans
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -215,3 +216,73 @@ async def test_forward_auth_answers_only_200_401_403(project: Project, service: 
     async with service.session.request("OPTIONS", service.base_url + "/v1/edge/auth/x",
                                        headers=bearer) as raw:
         assert raw.status == 200 and raw.headers["Service-User-Id"] == signed.user_id
+
+
+async def test_every_check_and_pin_given_holds(project: Project, service: Api) -> None:
+    """Review findings: a repeated check or pin, a body and a query check, all hold together;
+    forward auth judges the session before any parameter (401 before 403)."""
+    signed = await sign_in(project, email())
+    store = (await project.api.post("/v1/stores", {"name": "s"})).body["id"]
+    await write(project, store, "doc:1", "viewer", f"user:{signed.user_id}")
+    bearer = {"Authorization": f"Bearer {signed.access_token}"}
+    allowed = f"?store_id={store}&object=doc:1&relation=viewer"
+
+    async def passes() -> bool:
+        return (await validate(service, signed.access_token, allowed)).status == 200
+
+    await eventually(passes, within=10, what="the engine to see the tuple")
+    # Without a session, forward auth is 401 whatever the parameters (they are judged after).
+    for query in ("?store_id=bad", "?project_id=bad", f"{allowed}&object=doc:2"):
+        assert_error(await service.get(f"/v1/edge/auth{query}", key=None), 401, "no_session")
+    # A check header given twice with two values: which one was meant cannot be told.
+    async with service.session.get(service.base_url + "/v1/edge/auth", headers=[
+            *bearer.items(), ("Service-Check-Store", store), ("Service-Check-Object", "doc:1"),
+            ("Service-Check-Relation", "viewer"), ("Service-Check-Object", "doc:2")]) as raw:
+        assert raw.status == 403
+    assert (await service.get(f"/v1/edge/auth{allowed}&object=doc:1", key=None,
+                              headers=bearer)).status == 200  # the same value twice is one
+    r = await service.get(f"/v1/edge/auth{allowed}&object=doc:2", key=None, headers=bearer)
+    assert_error(r, 403, "forbidden")
+    # Every pin must be the token's: one of another project among them refuses.
+    other = (await bootstrap_project(service, "pins")).id
+    for path in (f"/v1/edge/auth?project_id={project.id}&project_id={other}",
+                 f"/v1/edge/validate?project_id={project.id}&project_id={other}"):
+        assert_reason(await service.get(path, key=None, headers=bearer), "invalid_session",
+                      "project")
+    async with service.session.get(service.base_url + "/v1/edge/auth", headers=[
+            *bearer.items(), ("Service-Project", project.id), ("Service-Project", other)]) as raw:
+        assert raw.status == 401
+    # validate: the body's check and the query's both hold; neither completes the other.
+    body = {"store_id": store, "object": "doc:1", "relation": "viewer"}
+    r = await session_call(service, "POST", "/v1/edge/validate?relation=editor",
+                           signed.access_token, body)
+    assert_error(r, 400, "invalid_request")
+    r = await session_call(service, "POST",
+                           f"/v1/edge/validate?store_id={store}&object=doc:1&relation=editor",
+                           signed.access_token, body)
+    assert_error(r, 403, "forbidden")
+    r = await session_call(service, "POST", f"/v1/edge/validate{allowed}", signed.access_token,
+                           body)
+    assert r.status == 200, r.body
+
+
+async def _raw_status(api: Api, request: bytes) -> int:
+    host, port = api.base_url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        return int((await reader.readline()).split()[1])
+    finally:
+        writer.close()
+
+
+async def test_forward_auth_refuses_bad_headers_with_403_only(service: Api) -> None:
+    """Review finding: nginx passes the client's headers to the auth subrequest, and makes a 500
+    of a 400; forward auth refuses what the envelope refuses (a header that is not UTF-8 text, a
+    bad Expect) with 403, while validate keeps its 400."""
+    for path, status in (("/v1/edge/auth/app", 403), ("/v1/edge/validate", 400)):
+        for header in (b"X-Foo: \xff\xfe", b"Expect: bogus"):
+            request = (b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + header
+                       + b"\r\nConnection: close\r\n\r\n")
+            assert await _raw_status(service, request) == status, (path, header)
