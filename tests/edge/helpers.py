@@ -1,18 +1,23 @@
-"""What the edge peer tests share: a control plane and a separately running engine (as in
-production), a project with a store where one user may view ``doc:handbook`` and another may
-not, and the small application the proxies guard."""
+"""What the edge tests share: a control plane and a separately running engine, as in production
+(:func:`two_apps`), and for the peer tests a project with a store where one user may view
+``doc:handbook`` and another may not, and the small application the proxies guard
+(:func:`edge`)."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from aiohttp import ClientSession
+from aiohttp import ClientSession, web
 
+from common.jwks import PublishedKeys
 from common.settings import Settings
 from control_plane.app import create_control_plane_app
+from control_plane.appkeys import TOKENS
 from engine.app import create_engine_app
+from engine.appkeys import KEYS
 from tests.fixtures.identity import SignedIn, email, sign_in
 from tests.fixtures.proxies import Upstream, upstream
 from tests.fixtures.service import Api, Project, bootstrap_project, eventually, serving
@@ -20,6 +25,42 @@ from tests.fixtures.service import Api, Project, bootstrap_project, eventually, 
 IDENTITY_HEADERS = ("Service-User-Id", "Service-Session-Id", "Service-Org-Id",
                     "Service-Org-Role", "Service-Project-Id")
 DOC, RELATION = "doc:handbook", "viewer"
+
+
+@dataclass
+class Pair:
+    """A control plane and an engine run as two apps on one database and Redis, and a project."""
+
+    control: Api
+    engine: Api
+    control_app: web.Application
+    engine_app: web.Application
+    project: Project
+    service: Api  # the suite's service shares the database: its outbox may deliver the links
+
+    @property
+    def keys(self) -> PublishedKeys:
+        return self.engine_app[KEYS]
+
+    async def sign_in(self, project: Project | None = None) -> SignedIn:
+        return await sign_in(project or self.project, email(), api=self.control,
+                             also=[self.service])
+
+    async def token(self, signed: SignedIn, project: Project | None = None) -> str:
+        """A fresh access token of ``signed``'s session, signed with the current active key."""
+        return await self.control_app[TOKENS].issue(
+            project_id=(project or self.project).id, user_id=signed.user_id,
+            session_id=signed.session_id, org_id=None, role=None, iat=int(time.time()))
+
+
+@contextlib.asynccontextmanager
+async def two_apps(http: ClientSession, settings: Settings, service: Api,
+                   project_name: str = "test") -> AsyncIterator[Pair]:
+    """:class:`Pair`, its apps stopped on exit."""
+    control_app, engine_app = create_control_plane_app(settings), create_engine_app(settings)
+    async with serving(http, control_app) as control, serving(http, engine_app) as engine:
+        yield Pair(control, engine, control_app, engine_app,
+                   await bootstrap_project(control, project_name), service)
 
 
 @dataclass
@@ -40,13 +81,11 @@ class Edge:
 @contextlib.asynccontextmanager
 async def edge(http: ClientSession, settings: Settings, service: Api) -> AsyncIterator[Edge]:
     """:class:`Edge`, its apps stopped on exit."""
-    async with (serving(http, create_control_plane_app(settings)) as control,
-                serving(http, create_engine_app(settings)) as engine, upstream() as app):
-        project = await bootstrap_project(control, "edge")
+    async with two_apps(http, settings, service, "edge") as pair, upstream() as app:
+        control, engine, project = pair.control, pair.engine, pair.project
         store = await project.api.post("/v1/stores", {"name": "edge"})
         assert store.status == 201, store.body
-        viewer = await sign_in(project, email(), api=control, also=[service])
-        other = await sign_in(project, email(), api=control, also=[service])
+        viewer, other = await pair.sign_in(), await pair.sign_in()
         r = await project.api.post(f"/v1/stores/{store.body['id']}/write", {"writes": [
             {"object": DOC, "relation": RELATION, "user": f"user:{viewer.user_id}"}]})
         assert r.status == 200, r.body

@@ -18,28 +18,24 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
 import jwt
 import pytest
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 
 from common.access_tokens import AUDIENCE
 from common.appkeys import PG_POOL, SETTINGS
 from common.ids import new_id
 from common.jwks import PublishedKeys
 from common.settings import Settings
-from control_plane.app import create_control_plane_app
 from control_plane.appkeys import KEYRING, KMS, TOKENS
 from control_plane.signing_keys import repository as key_rows
 from control_plane.signing_keys import service as key_service
-from engine.app import create_engine_app
-from engine.appkeys import JUDGE, KEYS, STORES
+from engine.appkeys import JUDGE, STORES
 from engine.sessions import SessionJudge
-from tests.fixtures.identity import SignedIn, email, sign_in
+from tests.edge.helpers import Pair, two_apps
 from tests.fixtures.service import (
     Api,
     Project,
@@ -47,40 +43,7 @@ from tests.fixtures.service import (
     assert_error,
     bootstrap_project,
     eventually,
-    serving,
 )
-
-
-@dataclass
-class Pair:
-    control: Api
-    engine: Api
-    control_app: web.Application
-    engine_app: web.Application
-    project: Project
-    service: Api
-
-    @property
-    def keys(self) -> PublishedKeys:
-        return self.engine_app[KEYS]
-
-    async def sign_in(self, project: Project | None = None) -> SignedIn:
-        return await sign_in(project or self.project, email(), api=self.control,
-                             also=[self.service])
-
-    async def token(self, signed: SignedIn, project: Project | None = None) -> str:
-        """A fresh access token of ``signed``'s session, signed with the current active key."""
-        return await self.control_app[TOKENS].issue(
-            project_id=(project or self.project).id, user_id=signed.user_id,
-            session_id=signed.session_id, org_id=None, role=None, iat=int(time.time()))
-
-
-@asynccontextmanager
-async def two_apps(http: ClientSession, settings: Settings, service: Api) -> AsyncIterator[Pair]:
-    control_app, engine_app = create_control_plane_app(settings), create_engine_app(settings)
-    async with serving(http, control_app) as control, serving(http, engine_app) as engine:
-        yield Pair(control, engine, control_app, engine_app, await bootstrap_project(control),
-                   service)
 
 
 @pytest.fixture

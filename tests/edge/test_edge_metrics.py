@@ -16,7 +16,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from common.settings import Settings
-from tests.edge.test_edge_revocation import revoked, two_apps
+from tests.edge.helpers import two_apps
+from tests.edge.test_edge_revocation import revoked
 from tests.fixtures.identity import session_call
 from tests.fixtures.service import Api, bootstrap_project
 

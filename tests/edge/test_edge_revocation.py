@@ -11,44 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
 
 from aiohttp import ClientSession
 
 from common.settings import Settings
-from control_plane.app import create_control_plane_app
-from engine.app import create_engine_app
-from tests.fixtures.identity import SignedIn, email, session_call, sign_in
+from tests.edge.helpers import two_apps
+from tests.fixtures.identity import SignedIn, session_call
 from tests.fixtures.redis import private_redis
 from tests.fixtures.service import (
     Api,
-    Project,
     Response,
     assert_error,
-    bootstrap_project,
     eventually,
-    serving,
 )
-
-
-@dataclass
-class Pair:
-    control: Api
-    engine: Api
-    project: Project
-    service: Api  # the suite's service shares the database: its outbox may deliver the links
-
-    async def sign_in(self) -> SignedIn:
-        return await sign_in(self.project, email(), api=self.control, also=[self.service])
-
-
-@asynccontextmanager
-async def two_apps(http: ClientSession, settings: Settings, service: Api) -> AsyncIterator[Pair]:
-    async with (serving(http, create_control_plane_app(settings)) as control,
-                serving(http, create_engine_app(settings)) as engine):
-        yield Pair(control, engine, await bootstrap_project(control), service)
 
 
 async def validate(engine: Api, signed: SignedIn) -> Response:
