@@ -11,7 +11,9 @@
   level.
 * ``read_json``: body decoding into ``invalid_request`` (models: ``common.schemas``).
 * ``EnvelopeRunner``: ``web.AppRunner`` for both services, whose connections answer what aiohttp
-  itself refuses before any middleware runs (HTTP its parser rejects) in the same envelope.
+  itself refuses before any middleware runs (HTTP its parser rejects) in the same envelope, and
+  which remembers where each path was routed (:class:`RouteMemo`).
+* ``OneWriteResponse``: the response every JSON answer is, written in one piece.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import ipaddress
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import orjson
-from aiohttp import http_exceptions, web, web_protocol, web_request
+from aiohttp import hdrs, http_exceptions, web, web_protocol, web_request, web_urldispatcher
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE, HttpVersion11
 
 from common.db import is_connection_error
 from common.errors import (
@@ -122,6 +126,62 @@ def body_of(data: Any) -> dict[str, Any]:
     return body
 
 
+_FORBIDDEN_HEADER_CHARS: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+"""What aiohttp refuses in a status line or header (control characters but TAB; RFC 9110 5.5)."""
+
+
+class OneWriteResponse(web.Response):
+    """A ``web.Response`` with a ``bytes`` body whose status line, headers and body go out in one
+    write, built in one step: the bytes aiohttp would send, without the six coroutine layers of
+    its ``prepare``/``write_eof`` (a quarter of a single check's CPU on the hot path, issue 12).
+
+    The short path is taken for the common case only: HTTP/1.1 with keep-alive, a status that
+    has a body, no cookie, compression or chunking, no ``Content-Length`` set by hand and no
+    ``on_response_prepare`` signal on the request's apps. Anything else is aiohttp's own
+    ``prepare``. The headers are those aiohttp adds, in its order (the handler's, then
+    ``Content-Length``, ``Date``, ``Server``), and end up in :attr:`headers` as with aiohttp;
+    ``tests/common/test_one_write_response.py`` holds the bytes equal to aiohttp's for each
+    case, so an aiohttp upgrade that changes them fails there. Raises ValueError for a header
+    holding a control character, as aiohttp's serializer does (no header injection)."""
+
+    async def prepare(self, request: web_request.BaseRequest) -> Any:
+        body = self._body
+        if (self._payload_writer is not None or self._eof_sent or type(body) is not bytes
+                or request.version != HttpVersion11 or self._keep_alive is not None
+                or not request.keep_alive or self._chunked or self._compression
+                or self._cookies or request.method == hdrs.METH_HEAD
+                or self._status < 200 or self._status in (204, 304)
+                or hdrs.CONTENT_LENGTH in self._headers):
+            return await super().prepare(request)
+        # As aiohttp's own hook reads it: None before routing (a refusal of the envelope) and
+        # on a low-level server's request.
+        match_info = getattr(request, "_match_info", None)
+        if match_info is not None:
+            for app in match_info.apps:
+                if app.on_response_prepare:
+                    return await super().prepare(request)
+        headers = self._headers
+        headers[hdrs.CONTENT_LENGTH] = str(len(body))
+        if body:
+            headers.setdefault(hdrs.CONTENT_TYPE, "application/octet-stream")
+        if hdrs.DATE not in headers:
+            headers[hdrs.DATE] = rfc822_formatted_time()
+        headers.setdefault(hdrs.SERVER, SERVER_SOFTWARE)
+        status_line = f"HTTP/1.1 {self._status} {self._reason}"
+        lines = [f"{name}: {value}" for name, value in headers.items()]
+        if _FORBIDDEN_HEADER_CHARS.search(status_line + "".join(lines)) is not None:
+            raise ValueError("Forbidden control character detected in headers. "
+                             "Potential header injection attack.")
+        head = status_line + "\r\n" + "\r\n".join(lines) + "\r\n\r\n"
+        writer = request.writer
+        self._req, self._payload_writer, self._keep_alive = request, writer, True
+        self._must_be_empty_body = False
+        await writer.write_eof(head.encode() + body)
+        self._eof_sent, self._body_length = True, writer.output_size
+        self._req = self._payload_writer = None
+        return writer
+
+
 def json_response(
     request: web.Request,
     data: Any,
@@ -133,7 +193,7 @@ def json_response(
     with orjson (datetimes as RFC 3339 UTC with ``Z``)."""
     body = body_of(data)
     body["request_id"] = request[REQUEST_ID]
-    return web.Response(
+    return OneWriteResponse(
         body=orjson.dumps(body, option=orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC),
         status=status,
         content_type=_JSON,
@@ -145,7 +205,7 @@ def error_response(err: ServiceError, rid: str) -> web.Response:
     """A complete error response for ``err`` (status, headers, envelope)."""
     err, body = _written(err, rid)
     headers = {"X-Request-Id": rid, **err.headers}
-    return web.Response(body=body, status=err.status, content_type=_JSON, headers=headers)
+    return OneWriteResponse(body=body, status=err.status, content_type=_JSON, headers=headers)
 
 
 def _written(err: ServiceError, rid: str) -> tuple[ServiceError, bytes]:
@@ -177,6 +237,21 @@ def undecodable_header(request: web.Request) -> str | None:
     return None
 
 
+async def _body(request: web.Request) -> bytes:
+    """The request's body, as ``request.read()`` gives it (decoded, limited to
+    ``client_max_size``), taken at once when all of it has arrived, which for a small body is
+    the usual case: ``read()`` awaits ``readany()`` twice (the body, then the end) and copies it
+    twice. Read once per request (``read_json`` is the services' only reader of bodies)."""
+    payload = request.content
+    if not payload.is_eof():
+        return await request.read()
+    raw = payload.read_nowait()
+    limit = request.client_max_size
+    if limit and len(raw) > limit:
+        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
+    return raw
+
+
 async def read_json(request: web.Request, *, allow_nul: bool = False) -> dict[str, Any]:
     """Decode the body as a JSON object.
 
@@ -187,7 +262,7 @@ async def read_json(request: web.Request, *, allow_nul: bool = False) -> dict[st
     ``client_max_size``.
     """
     try:
-        raw = await request.read()
+        raw = await _body(request)
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge(details={"max_bytes": request.client_max_size}) from None
     except web_protocol.RequestPayloadError as exc:
@@ -360,6 +435,56 @@ class _EnvelopeServer(web.Server):
         return _EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
 
 
+ROUTE_MEMO_ENTRIES: Final = 16_384
+"""How many (method, path) pairs :class:`RouteMemo` remembers; it starts over when full."""
+
+
+class RouteMemo:
+    """``app``'s request handler with aiohttp's routing remembered by (method, path).
+
+    aiohttp resolves every request by walking the path's prefixes and trying each candidate
+    resource's pattern in turn (a tenth of a single check's CPU, issue 12). What it finds is a
+    function of the method and the path alone for the resources these apps register (plain and
+    dynamic paths, no domain-matched sub-apps, which this refuses at construction), so a pair
+    seen once is answered from a dict: the same route, the same ``match_info`` values, a fresh
+    ``UrlMappingMatchInfo`` as ``Application._handle`` makes. Only found routes of the app itself
+    are remembered (a 404 or 405 goes through aiohttp every time), and a request with
+    ``Expect`` goes through aiohttp too (its expect handler). For an app without middlewares
+    only: a remembered route calls its handler directly. Bounded by :data:`ROUTE_MEMO_ENTRIES`
+    (paths carry ids: a flood of new ones costs what aiohttp's routing costs)."""
+
+    __slots__ = ("_app", "_handle", "_routes")
+
+    def __init__(self, app: web.Application) -> None:
+        if app.middlewares:
+            raise ValueError("RouteMemo serves apps without middlewares")
+        if any(isinstance(r, web_urldispatcher.MatchedSubAppResource) for r in app.router.resources()):
+            raise ValueError("RouteMemo cannot remember routes that depend on the host")
+        self._app = app
+        self._handle = app._handle
+        self._routes: dict[tuple[str, str], tuple[web.AbstractRoute, dict[str, str]]] = {}
+
+    async def __call__(self, request: web_request.BaseRequest) -> web.StreamResponse:
+        request = cast(web.Request, request)  # the app's request factory makes them
+        key = (request.method, request.rel_url.path_safe)
+        hit = self._routes.get(key)
+        if hit is None or hdrs.EXPECT in request.headers:
+            response = await self._handle(request)
+            match_info = request.match_info
+            if (hit is None and type(match_info) is web.UrlMappingMatchInfo
+                    and match_info.apps == (self._app,)):
+                if len(self._routes) >= ROUTE_MEMO_ENTRIES:
+                    self._routes.clear()
+                self._routes[key] = (match_info.route, dict(match_info))
+            return response
+        route, values = hit
+        match_info = web.UrlMappingMatchInfo(values, route)
+        match_info.add_app(self._app)
+        match_info.freeze()
+        request._match_info = match_info  # as Application._handle does
+        return await route.handler(request)
+
+
 class EnvelopeRunner(web.AppRunner):
     """``web.AppRunner`` serving through :class:`_EnvelopeServer`: what aiohttp refuses before
     the app runs is answered in the envelope too. Serve both services with it
@@ -374,7 +499,8 @@ class EnvelopeRunner(web.AppRunner):
     An app without ``envelope_middleware`` among its middlewares (``base_app`` leaves it out when
     tracing is off) gets the envelope here, around the whole app: the same function, on every
     request, at the same place (outermost), without the per-request layers aiohttp adds to any
-    app that has a middleware. Such an app must be served by this runner."""
+    app that has a middleware, and with aiohttp's routing remembered (:class:`RouteMemo`). Such
+    an app must be served by this runner."""
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -385,6 +511,8 @@ class EnvelopeRunner(web.AppRunner):
             # envelope wraps the whole app here, which is the same function at the same place
             # for every request, minus the layer aiohttp adds per request to an app that has
             # any middleware (``_fix_request_current_app``) and the middleware chain's lookup.
+            if not self.app.middlewares:
+                handler = RouteMemo(self.app)
             handler = functools.partial(envelope_middleware, handler=handler)
         return _EnvelopeServer(handler, request_factory=server.request_factory,
                                handler_cancellation=server.handler_cancellation,

@@ -51,7 +51,7 @@ from common.errors import (
     ServiceError,
     StoreNotFound,
 )
-from common.http import REQUEST_ID, read_json
+from common.http import REQUEST_ID, OneWriteResponse, read_json
 from common.ids import is_id
 from common.routing import Reply, RouteTable
 from common.schemas import parse_path_param
@@ -251,8 +251,8 @@ def _respond(request: web.Request, body: dict[str, Any]) -> web.Response:
     body["request_id"] = request[REQUEST_ID]
     if request.app[STORES].stale:
         body["stale"] = True
-        return web.Response(body=orjson.dumps(body), headers=_STALE_HEADERS)
-    return web.Response(body=orjson.dumps(body), headers=_JSON_HEADERS)
+        return OneWriteResponse(body=orjson.dumps(body), headers=_STALE_HEADERS)
+    return OneWriteResponse(body=orjson.dumps(body), headers=_JSON_HEADERS)
 
 
 def _item_error(err: ServiceError) -> dict[str, Any]:

@@ -82,7 +82,7 @@ from common.errors import (
     ResolutionTooComplex,
     ServiceError,
 )
-from common.http import REQUEST_ID, deny_only_under, read_json
+from common.http import REQUEST_ID, OneWriteResponse, deny_only_under, read_json
 from common.ids import is_id
 from common.revocations import LEEWAY_SECONDS as REVOCATION_LEEWAY_SECONDS
 from common.revocations import RevocationMirror, channel, parse_message, set_key
@@ -337,7 +337,7 @@ def _answer(request: web.Request, claims: AccessClaims) -> web.Response:
     body = {"user_id": claims.sub, "session_id": claims.sid, "org_id": claims.act_org,
             "org_role": claims.act_role, "project_id": claims.pid,
             "request_id": request[REQUEST_ID]}
-    return web.Response(body=orjson.dumps(body), headers=headers)
+    return OneWriteResponse(body=orjson.dumps(body), headers=headers)
 
 
 # -- handlers ----------------------------------------------------------------------------------

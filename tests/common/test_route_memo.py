@@ -1,0 +1,127 @@
+"""``common.http.RouteMemo``: aiohttp's routing remembered by (method, path), with the answers
+aiohttp's own router gives.
+
+A small app with the route shapes both services use (plain, dynamic, a ``{tail:...}`` pattern,
+any-method routes, several routes on one resource) is served by ``EnvelopeRunner`` (which puts
+the memo in front of an app without middlewares) and asked every request twice: the first
+answer comes from aiohttp's router, the second from the memo, and both must be the same. Misses
+(404, 405) keep aiohttp's envelope, ``Expect: 100-continue`` keeps aiohttp's expect handler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+import pytest
+import pytest_asyncio
+from aiohttp import ClientSession, web
+
+from common import http as common_http
+from common.http import EnvelopeRunner, RouteMemo, envelope_middleware
+
+
+async def _echo(request: web.Request) -> web.Response:
+    return web.json_response({"route": request.match_info.route.resource.canonical,  # type: ignore[union-attr]
+                              "method": request.method, "values": dict(request.match_info),
+                              "body": (await request.text()) or None})
+
+
+def _app() -> web.Application:
+    app = web.Application()
+    app.router.add_post("/v1/stores/{store_id}/check", _echo)
+    app.router.add_post("/v1/stores/{store_id}/batch-check", _echo)
+    app.router.add_get("/v1/stores", _echo)
+    resource = app.router.add_resource("/v1/edge/auth")
+    resource.add_route("GET", _echo)
+    resource.add_route("*", _echo)
+    app.router.add_route("*", r"/v1/edge/auth/{tail:[\s\S]*}", _echo)
+    app.router.add_get("/v1/users/{user_id}", _echo)
+    app.router.add_delete("/v1/users/{user_id}", _echo)
+    return app
+
+
+@pytest_asyncio.fixture
+async def served() -> AsyncIterator[tuple[str, web.Application]]:
+    app = _app()
+    runner = EnvelopeRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        await runner.cleanup()
+
+
+REQUESTS = [
+    ("POST", "/v1/stores/store_01abc/check"),
+    ("POST", "/v1/stores/store_01abc/batch-check"),
+    ("POST", "/v1/stores/store%5F01abc/check"),  # percent-encoded: decoded as aiohttp decodes
+    ("POST", "/v1/stores/a%2Fb/check"),  # an encoded slash stays in the value
+    ("GET", "/v1/stores"),
+    ("GET", "/v1/edge/auth"),
+    ("PROPFIND", "/v1/edge/auth"),
+    ("GET", "/v1/edge/auth/app/settings%20page"),
+    ("DELETE", "/v1/users/user_1"),
+    ("GET", "/v1/users/user_1"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), REQUESTS)
+async def test_remembered_routes_answer_as_aiohttp_does(
+        served: tuple[str, web.Application], http: ClientSession, method: str, path: str) -> None:
+    base, _ = served
+    answers = []
+    for _ in range(2):
+        async with http.request(method, base + path, data=b"x") as r:
+            assert r.status == 200, await r.text()
+            answers.append(orjson.loads(await r.read()))
+            assert r.headers["X-Request-Id"]
+    assert answers[0] == answers[1]
+
+
+async def test_misses_are_aiohttps_every_time(served: tuple[str, web.Application],
+                                              http: ClientSession) -> None:
+    base, _ = served
+    for _ in range(2):
+        async with http.get(base + "/v1/stores/store_1/check") as r:  # wrong method
+            assert r.status == 405
+            assert r.headers["Allow"] == "POST"
+            assert (await r.json())["error"]["code"] == "method_not_allowed"
+        async with http.post(base + "/v1/stores/store_1/nothing") as r:
+            assert r.status == 404
+            assert (await r.json())["error"]["code"] == "not_found"
+        async with http.post(base + "/v1/stores//check") as r:  # an empty segment matches no route
+            assert r.status == 404
+
+
+async def test_expect_continue_on_a_remembered_route(served: tuple[str, web.Application],
+                                                     http: ClientSession) -> None:
+    base, _ = served
+    path = base + "/v1/stores/store_1/check"
+    async with http.post(path, data=b"first") as r:
+        assert r.status == 200
+    async with http.post(path, data=b"second", expect100=True) as r:
+        assert r.status == 200
+        assert (await r.json())["body"] == "second"
+
+
+async def test_the_memo_is_bounded(served: tuple[str, web.Application], http: ClientSession,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common_http, "ROUTE_MEMO_ENTRIES", 4)
+    base, _ = served
+    for i in range(10):
+        async with http.post(f"{base}/v1/stores/store_{i}/check") as r:
+            assert r.status == 200
+            assert (await r.json())["values"] == {"store_id": f"store_{i}"}
+
+
+def test_apps_the_memo_cannot_serve_are_refused() -> None:
+    with pytest.raises(ValueError, match="middlewares"):
+        RouteMemo(web.Application(middlewares=[envelope_middleware]))
+    app = web.Application()
+    app.add_domain("example.com", web.Application())
+    with pytest.raises(ValueError, match="host"):
+        RouteMemo(app)
