@@ -126,8 +126,9 @@ def body_of(data: Any) -> dict[str, Any]:
     return body
 
 
-_FORBIDDEN_HEADER_CHARS: Final = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
-"""What aiohttp refuses in a status line or header (control characters but TAB; RFC 9110 5.5)."""
+_CONTROL_BUT_LINE_BREAKS: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""Control characters but TAB, CR and LF. aiohttp refuses all but TAB in a status line or header
+(RFC 9110 5.5); CR and LF are counted instead (``OneWriteResponse``)."""
 
 
 class OneWriteResponse(web.Response):
@@ -136,22 +137,26 @@ class OneWriteResponse(web.Response):
     its ``prepare``/``write_eof`` (a quarter of a single check's CPU on the hot path, issue 12).
 
     The short path is taken for the common case only: HTTP/1.1 with keep-alive, a status that
-    has a body, no cookie, compression or chunking, no ``Content-Length`` set by hand and no
-    ``on_response_prepare`` signal on the request's apps. Anything else is aiohttp's own
-    ``prepare``. The headers are those aiohttp adds, in its order (the handler's, then
-    ``Content-Length``, ``Date``, ``Server``), and end up in :attr:`headers` as with aiohttp;
-    ``tests/common/test_one_write_response.py`` holds the bytes equal to aiohttp's for each
-    case, so an aiohttp upgrade that changes them fails there. Raises ValueError for a header
-    holding a control character, as aiohttp's serializer does (no header injection)."""
+    has a body, a ``Content-Type``, no cookie, compression or chunking, no ``Content-Length``,
+    ``Date`` or ``Server`` set by hand and no ``on_response_prepare`` signal on the request's
+    apps. Anything else is aiohttp's own ``prepare``. The headers written are those aiohttp
+    writes, in its order (the handler's, then ``Content-Length``, ``Date``, ``Server``); the
+    last three are not added to :attr:`headers` (nothing reads them after: the services run
+    without aiohttp's access log). ``tests/common/test_one_write_response.py`` holds the bytes
+    equal to aiohttp's for each case, so an aiohttp upgrade that changes them fails there.
+    Raises ValueError for a header holding a control character, as aiohttp's serializer does
+    (no header injection)."""
 
     async def prepare(self, request: web_request.BaseRequest) -> Any:
         body = self._body
+        headers = self._headers
         if (self._payload_writer is not None or self._eof_sent or type(body) is not bytes
                 or request.version != HttpVersion11 or self._keep_alive is not None
                 or not request.keep_alive or self._chunked or self._compression
                 or self._cookies or request.method == hdrs.METH_HEAD
                 or self._status < 200 or self._status in (204, 304)
-                or hdrs.CONTENT_LENGTH in self._headers):
+                or hdrs.CONTENT_LENGTH in headers or hdrs.DATE in headers
+                or hdrs.SERVER in headers or hdrs.CONTENT_TYPE not in headers):
             return await super().prepare(request)
         # As aiohttp's own hook reads it: None before routing (a refusal of the envelope) and
         # on a low-level server's request.
@@ -160,19 +165,17 @@ class OneWriteResponse(web.Response):
             for app in match_info.apps:
                 if app.on_response_prepare:
                     return await super().prepare(request)
-        headers = self._headers
-        headers[hdrs.CONTENT_LENGTH] = str(len(body))
-        if body:
-            headers.setdefault(hdrs.CONTENT_TYPE, "application/octet-stream")
-        if hdrs.DATE not in headers:
-            headers[hdrs.DATE] = rfc822_formatted_time()
-        headers.setdefault(hdrs.SERVER, SERVER_SOFTWARE)
-        status_line = f"HTTP/1.1 {self._status} {self._reason}"
-        lines = [f"{name}: {value}" for name, value in headers.items()]
-        if _FORBIDDEN_HEADER_CHARS.search(status_line + "".join(lines)) is not None:
+        head = (f"HTTP/1.1 {self._status} {self._reason}\r\n"
+                + "\r\n".join(map(": ".join, headers.items()))  # no bytecode per header
+                + f"\r\nContent-Length: {len(body)}\r\nDate: {rfc822_formatted_time()}\r\n"
+                  f"Server: {SERVER_SOFTWARE}\r\n\r\n")
+        # Exactly the line breaks written above, and no other control character: what aiohttp
+        # refuses (a name, value or reason holding one), refused here too.
+        breaks = len(headers) + 5
+        if (head.count("\n") != breaks or head.count("\r") != breaks
+                or _CONTROL_BUT_LINE_BREAKS.search(head) is not None):
             raise ValueError("Forbidden control character detected in headers. "
                              "Potential header injection attack.")
-        head = status_line + "\r\n" + "\r\n".join(lines) + "\r\n\r\n"
         writer = request.writer
         self._req, self._payload_writer, self._keep_alive = request, writer, True
         self._must_be_empty_body = False

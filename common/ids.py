@@ -76,21 +76,22 @@ class _MonotonicUlids:
 
     def __call__(self) -> str:
         ms = time.time_ns() // 1_000_000
+        p = _PAIRS  # spelled out below: a list comprehension is a call of its own in 3.11
         if ms > self.ms:
             self.ms = ms
-            self.rand = random.getrandbits(79)
-            self.stamp = self.prefix + "".join([_PAIRS[(ms >> s) & 1023]
-                                                for s in (40, 30, 20, 10, 0)])
+            self.rand = rand = random.getrandbits(79)
+            self.stamp = (self.prefix + p[ms >> 40 & 1023] + p[ms >> 30 & 1023]
+                          + p[ms >> 20 & 1023] + p[ms >> 10 & 1023] + p[ms & 1023])
             self.high = -1
         else:  # same millisecond, or the clock went back: the next value of the run
-            self.rand += 1
-        rand = self.rand
+            self.rand = rand = self.rand + 1
         high = rand >> 20
         if high != self.high:
             self.high = high
-            self.head = self.stamp + "".join([_PAIRS[(high >> s) & 1023]
-                                              for s in (50, 40, 30, 20, 10, 0)])
-        return self.head + _PAIRS[(rand >> 10) & 1023] + _PAIRS[rand & 1023]
+            self.head = (self.stamp + p[high >> 50 & 1023] + p[high >> 40 & 1023]
+                         + p[high >> 30 & 1023] + p[high >> 20 & 1023] + p[high >> 10 & 1023]
+                         + p[high & 1023])
+        return self.head + p[rand >> 10 & 1023] + p[rand & 1023]
 
 
 new_request_id: Final = _MonotonicUlids("req")

@@ -59,7 +59,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, Final
 
 import orjson
@@ -130,8 +130,10 @@ _FORWARD_HEADERS: Final = {
     "Service-Check-Relation": "The relation of the permission check.",
 }
 _PERMISSION: Final = ("store_id", "object", "relation")
-_CHECK_HEADERS: Final = dict(zip(_PERMISSION, ("Service-Check-Store", "Service-Check-Object",
-                                               "Service-Check-Relation"), strict=True))
+_CHECK_STORE, _CHECK_OBJECT, _CHECK_RELATION = (
+    "Service-Check-Store", "Service-Check-Object", "Service-Check-Relation")
+_CHECK_HEADERS: Final = dict(zip(_PERMISSION, (_CHECK_STORE, _CHECK_OBJECT, _CHECK_RELATION),
+                                 strict=True))
 
 
 # -- the revocation mirror, kept from Redis ------------------------------------------------------
@@ -228,14 +230,16 @@ async def edge_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def _token(request: web.Request) -> str | None:
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
+    if scheme.lower() == "bearer" and (value := value.strip()):
+        return value
     return request.cookies.get(SESSION_COOKIE) or None
 
 
-async def _session(request: web.Request, pins: tuple[str, ...]) -> AccessClaims:
-    """Judge the request's session (:meth:`engine.sessions.SessionJudge.session`)."""
-    return await request.app[JUDGE].session(_token(request), pins)
+def _session(request: web.Request) -> Awaitable[AccessClaims]:
+    """Judge the request's session (:meth:`engine.sessions.SessionJudge.session`) against the
+    projects it pins (:func:`_pins`); the judge's own coroutine, to be awaited (no layer of
+    its own on the edge's hot path)."""
+    return request.app[JUDGE].session(_token(request), _pins(request))
 
 
 def _pins(request: web.Request) -> tuple[str, ...]:
@@ -245,6 +249,8 @@ def _pins(request: web.Request) -> tuple[str, ...]:
     pins = request.headers.getall("Service-Project", ())
     if request.query_string:  # a malformed one is refused by _check_pin, after the session
         pins = (*pins, *(p for p in request.query.getall("project_id", ()) if is_id(p, "proj")))
+    elif not pins:  # the usual forward-auth call pins nothing
+        return ()
     return tuple(p for p in pins if p)
 
 
@@ -368,7 +374,7 @@ async def validate(request: web.Request) -> web.Response:
         permissions.append(_permission(body))
     _check_pin(request)
     try:
-        claims = await _session(request, _pins(request))
+        claims = await _session(request)
         for permission in dict.fromkeys(p for p in permissions if p is not None):
             await _allowed(request, claims, permission)
     except ServiceError as exc:
@@ -392,10 +398,10 @@ async def forward_auth(request: web.Request) -> web.Response:
     and ``Service-Project``; every one given must hold, since the query string may be the
     original request's (Envoy ext_authz, Caddy): see the module's docstring."""
     try:
-        claims = await _session(request, _pins(request))  # 401 before 403 (DESIGN.md)
+        claims = await _session(request)  # 401 before 403 (DESIGN.md)
         headers = request.headers
         permissions: list[tuple[str, str, str]] = []
-        if any(header in headers for header in _CHECK_HEADERS.values()):
+        if _CHECK_STORE in headers or _CHECK_OBJECT in headers or _CHECK_RELATION in headers:
             permission = _permission(_one_each(headers, _CHECK_HEADERS))
             if permission is not None:
                 permissions.append(permission)

@@ -46,26 +46,35 @@ class SessionJudge:
     revocations: RevocationMirror
     max_verified: int = MAX_VERIFIED
 
+    def remembered(self, token: str, now: float) -> AccessClaims | None:
+        """The claims of ``token`` when it was verified before (its key re-checked in memory),
+        else None; ``now`` in Unix seconds. Raises InvalidSession (``signature``: its key is
+        retired past its overlap or deleted; ``expired``), forgetting the token."""
+        claims = self.cache.get(token)
+        if claims is None:
+            return None
+        if not self.keys.still_published(claims.kid, now):
+            del self.cache[token]
+            raise _invalid_session("signature", "The access token's signing key is no longer "
+                                                "published.")
+        if claims.exp + LEEWAY_SECONDS >= now:
+            return claims
+        del self.cache[token]
+        raise _invalid_session("expired", "The access token has expired.")
+
     async def claims(self, token: str) -> AccessClaims:
-        """The verified claims of ``token``, from the cache when it was verified before (its
-        key re-checked in memory). Raises InvalidSession (``signature`` or ``expired``)."""
-        cache = self.cache
-        claims = cache.get(token)
-        now = time.time()
-        if claims is not None:
-            if not self.keys.still_published(claims.kid, now):  # retired past overlap/deleted
-                del cache[token]
-                raise _invalid_session("signature", "The access token's signing key is no "
-                                                    "longer published.")
-            if claims.exp + LEEWAY_SECONDS >= now:
-                return claims
-            del cache[token]
-            raise _invalid_session("expired", "The access token has expired.")
+        """The verified claims of ``token``: remembered (:meth:`remembered`), else verified
+        and remembered. Raises InvalidSession (``signature`` or ``expired``)."""
+        claims = self.remembered(token, time.time())
+        return claims if claims is not None else await self._verify(token)
+
+    async def _verify(self, token: str) -> AccessClaims:
         try:
             claims = await verify_access_token(token, keys=self.keys, issuer=self.issuer)
         except InvalidToken as exc:
             reason = "expired" if exc.reason == "expired" else "signature"
             raise _invalid_session(reason, exc.message) from None
+        cache = self.cache
         if len(cache) >= self.max_verified:
             for oldest in list(islice(cache, max(1, int(self.max_verified * EVICT_FRACTION)))):
                 del cache[oldest]
@@ -79,8 +88,11 @@ class SessionJudge:
         if token is None:
             raise NoSession("No session: send the access token as a Bearer token or the "
                             "service_session cookie.")
-        claims = await self.claims(token)
-        if any(pin != claims.pid for pin in pins):
+        # A remembered token (the usual case) is judged without another coroutine.
+        claims = self.remembered(token, time.time())
+        if claims is None:
+            claims = await self._verify(token)
+        if pins and any(pin != claims.pid for pin in pins):
             raise _invalid_session("project", "The session belongs to another project.")
         if self.revocations.is_revoked(claims.sid):
             raise _invalid_session("revoked", "The session has been revoked.")

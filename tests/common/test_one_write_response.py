@@ -39,8 +39,10 @@ def _answer(cls: type[web.Response], request: web.Request) -> web.Response:
         response = cls(body=b"{}", content_type="application/json")
         response.set_cookie("service_session", "abc", httponly=True)
         return response
-    if kind == "tab":  # and no Content-Type: aiohttp's default
-        return cls(body=b"{}", headers={"X-Tab": "a\tb"})
+    if kind == "tab":
+        return cls(body=b"{}", content_type="application/json", headers={"X-Tab": "a\tb"})
+    if kind == "untyped":  # aiohttp's default Content-Type
+        return cls(body=b"{}", headers={"X-Name": "\u00e9t\u00e9"})
     if kind == "no-body":
         return cls(body=b"")
     raise web.HTTPNotFound()
@@ -110,6 +112,7 @@ CASES = {
     "204": b"GET {path}/empty HTTP/1.1\r\nHost: a\r\n\r\n",
     "cookie": b"GET {path}/cookie HTTP/1.1\r\nHost: a\r\n\r\n",
     "empty body": b"GET {path}/no-body HTTP/1.1\r\nHost: a\r\n\r\n",
+    "no Content-Type": b"GET {path}/untyped HTTP/1.1\r\nHost: a\r\n\r\n",
 }
 
 
@@ -127,7 +130,7 @@ async def test_on_response_prepare_signal_still_runs(served: int) -> None:
     assert one == plain
 
 
-@pytest.mark.parametrize("value", ["a\r\nSet-Cookie: x=1", "a\nb", "a\x00b", "a\x7fb"])
+@pytest.mark.parametrize("value", ["a\r\nSet-Cookie: x=1", "a\nb", "a\rb", "a\x00b", "a\x1bb", "a\x7fb"])
 async def test_header_with_a_control_character_is_refused_as_by_aiohttp(value: str) -> None:
     """No header injection: both refuse to write it (aiohttp then drops the connection)."""
 
@@ -137,7 +140,7 @@ async def test_header_with_a_control_character_is_refused_as_by_aiohttp(value: s
         method = "GET"
         match_info = web.UrlMappingMatchInfo({}, None)  # type: ignore[arg-type]
 
-    response = OneWriteResponse(body=b"{}", headers={"X-Evil": value})
+    response = OneWriteResponse(body=b"{}", content_type="application/json", headers={"X-Evil": value})
     with pytest.raises(ValueError, match="Forbidden control character"):
         await response.prepare(Request())  # type: ignore[arg-type]
     assert not response.prepared
