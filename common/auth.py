@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from common.db import DatabaseUnresponsive, follow_channel, is_connection_error
 from common.errors import InsufficientScope, InvalidApiKey, MissingApiKey
-from common.telemetry import server_middlewares
+from common.telemetry import traces_requests
 
 log = logging.getLogger("authio.auth")
 
@@ -87,7 +87,7 @@ class Principal:
 def _tag_span(principal: Principal) -> None:
     """Tag the request's server span with the caller (SPEC.md 1.5); a no-op when not traced
     (without tracing set up, not even the context lookup: it is on every API-key request)."""
-    if not server_middlewares():
+    if not traces_requests():
         return
     span = trace.get_current_span()
     if span.is_recording():

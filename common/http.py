@@ -126,6 +126,9 @@ def body_of(data: Any) -> dict[str, Any]:
     return body
 
 
+_NO_BODY_METHODS: Final = frozenset({hdrs.METH_HEAD, hdrs.METH_CONNECT})
+"""Requests whose answer aiohttp writes without a body (``must_be_empty_body``; a 2xx to
+CONNECT too)."""
 _CONTROL_BUT_LINE_BREAKS: Final = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """Control characters but TAB, CR and LF. aiohttp refuses all but TAB in a status line or header
 (RFC 9110 5.5); CR and LF are counted instead (``OneWriteResponse``)."""
@@ -139,13 +142,18 @@ class OneWriteResponse(web.Response):
     The short path is taken for the common case only: HTTP/1.1 with keep-alive, a status that
     has a body, a ``Content-Type``, no cookie, compression or chunking, no ``Content-Length``,
     ``Date`` or ``Server`` set by hand and no ``on_response_prepare`` signal on the request's
-    apps. Anything else is aiohttp's own ``prepare``. The headers written are those aiohttp
-    writes, in its order (the handler's, then ``Content-Length``, ``Date``, ``Server``); the
-    last three are not added to :attr:`headers` (nothing reads them after: the services run
-    without aiohttp's access log). ``tests/common/test_one_write_response.py`` holds the bytes
-    equal to aiohttp's for each case, so an aiohttp upgrade that changes them fails there.
-    Raises ValueError for a header holding a control character, as aiohttp's serializer does
-    (no header injection)."""
+    apps. Anything else is aiohttp's own ``prepare``. As with aiohttp, ``prepare`` writes
+    nothing and ``write_eof`` sends it all (a handler that prepares a response and then fails
+    still gets aiohttp's 500). The headers written are those aiohttp writes, in its order (the
+    handler's, then ``Content-Length``, ``Date``, ``Server``); the last three are not added to
+    :attr:`headers` (nothing reads them after: the services run without aiohttp's access log).
+    ``tests/common/test_one_write_response.py`` holds the bytes equal to aiohttp's for each
+    case, so an aiohttp upgrade that changes them fails there. Raises ValueError for a header
+    holding a control character, as aiohttp's serializer does (no header injection). Return it
+    from a handler; it is not written to in parts (``write`` raises RuntimeError once the short
+    path is taken)."""
+
+    _head: bytes | None = None  # the status line and headers, once the short path is taken
 
     async def prepare(self, request: web_request.BaseRequest) -> Any:
         body = self._body
@@ -153,7 +161,7 @@ class OneWriteResponse(web.Response):
         if (self._payload_writer is not None or self._eof_sent or type(body) is not bytes
                 or request.version != HttpVersion11 or self._keep_alive is not None
                 or not request.keep_alive or self._chunked or self._compression
-                or self._cookies or request.method == hdrs.METH_HEAD
+                or self._cookies or request.method in _NO_BODY_METHODS
                 or self._status < 200 or self._status in (204, 304)
                 or hdrs.CONTENT_LENGTH in headers or hdrs.DATE in headers
                 or hdrs.SERVER in headers or hdrs.CONTENT_TYPE not in headers):
@@ -176,13 +184,28 @@ class OneWriteResponse(web.Response):
                 or _CONTROL_BUT_LINE_BREAKS.search(head) is not None):
             raise ValueError("Forbidden control character detected in headers. "
                              "Potential header injection attack.")
-        writer = request.writer
-        self._req, self._payload_writer, self._keep_alive = request, writer, True
-        self._must_be_empty_body = False
-        await writer.write_eof(head.encode() + body)
+        try:
+            self._head = head.encode()
+        except UnicodeEncodeError:  # a lone surrogate: aiohttp's serializer drops it
+            return await super().prepare(request)
+        writer = self._payload_writer = request.writer
+        self._req, self._keep_alive, self._must_be_empty_body = request, True, False
+        return writer
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        head = self._head
+        if head is None or self._eof_sent:
+            return await super().write_eof(data)
+        writer = self._payload_writer
+        assert writer is not None and not data
+        await writer.write_eof(head + self._body)  # type: ignore[operator]  # bytes: prepare
         self._eof_sent, self._body_length = True, writer.output_size
         self._req = self._payload_writer = None
-        return writer
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._head is not None:
+            raise RuntimeError("a OneWriteResponse is written whole by write_eof")
+        await super().write(data)
 
 
 def json_response(
@@ -244,7 +267,9 @@ async def _body(request: web.Request) -> bytes:
     """The request's body, as ``request.read()`` gives it (decoded, limited to
     ``client_max_size``), taken at once when all of it has arrived, which for a small body is
     the usual case: ``read()`` awaits ``readany()`` twice (the body, then the end) and copies it
-    twice. Read once per request (``read_json`` is the services' only reader of bodies)."""
+    twice. Kept where ``read()`` keeps it, so either may read the body again after the other."""
+    if request._read_bytes is not None:
+        return request._read_bytes
     payload = request.content
     if not payload.is_eof():
         return await request.read()
@@ -252,6 +277,7 @@ async def _body(request: web.Request) -> bytes:
     limit = request.client_max_size
     if limit and len(raw) > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(raw))
+    request._read_bytes = raw
     return raw
 
 
@@ -440,6 +466,9 @@ class _EnvelopeServer(web.Server):
 
 ROUTE_MEMO_ENTRIES: Final = 16_384
 """How many (method, path) pairs :class:`RouteMemo` remembers; it starts over when full."""
+ROUTE_MEMO_PATH: Final = 256
+"""Longest path :class:`RouteMemo` remembers (a forward-auth tail may be 8 KiB long: 16,384 of
+those would be 270 MB); longer ones go through aiohttp's routing every time."""
 
 
 class RouteMemo:
@@ -454,7 +483,8 @@ class RouteMemo:
     are remembered (a 404 or 405 goes through aiohttp every time), and a request with
     ``Expect`` goes through aiohttp too (its expect handler). For an app without middlewares
     only: a remembered route calls its handler directly. Bounded by :data:`ROUTE_MEMO_ENTRIES`
-    (paths carry ids: a flood of new ones costs what aiohttp's routing costs)."""
+    and :data:`ROUTE_MEMO_PATH` (paths carry ids: a flood of new ones costs what aiohttp's
+    routing costs)."""
 
     __slots__ = ("_app", "_handle", "_routes")
 
@@ -475,7 +505,7 @@ class RouteMemo:
             response = await self._handle(request)
             match_info = request.match_info
             if (hit is None and type(match_info) is web.UrlMappingMatchInfo
-                    and match_info.apps == (self._app,)):
+                    and match_info.apps == (self._app,) and len(key[1]) <= ROUTE_MEMO_PATH):
                 if len(self._routes) >= ROUTE_MEMO_ENTRIES:
                     self._routes.clear()
                 self._routes[key] = (match_info.route, dict(match_info))

@@ -89,6 +89,7 @@ __all__ = [
     "shutdown_metrics",
     "shutdown_tracing",
     "span_json",
+    "traces_requests",
 ]
 
 EXPORT_TIMEOUT_S: Final = 2.0
@@ -112,6 +113,7 @@ _CLASS_NAME: Final = re.compile(r"[A-Za-z_][\w.]*")
 _provider: TracerProvider | None = None  # the process's one provider (OpenTelemetry's is global)
 _meter_provider: MeterProvider | None = None
 _middlewares: tuple[Middleware, ...] = ()
+_traces_requests = False  # a server-span middleware exists in this process
 
 
 # -- redaction ---------------------------------------------------------------------------------
@@ -310,6 +312,8 @@ def server_middleware(provider: trace.TracerProvider) -> Middleware:
     subclass process-wide, which aiohttp deprecates; its building blocks are used here instead.)
     Request attributes are collected only for spans that are recorded.
     """
+    global _traces_requests
+    _traces_requests = True
     from opentelemetry.instrumentation._semconv import (
         _get_schema_url,
         _OpenTelemetrySemanticConventionStability,
@@ -362,6 +366,13 @@ def server_middleware(provider: trace.TracerProvider) -> Middleware:
             span.end()
 
     return tracing_middleware
+
+
+def traces_requests() -> bool:
+    """Whether a request of this process may have a server span (a :func:`server_middleware`
+    was made): tagging the span of a request is skipped otherwise, without the context lookup
+    (API keys and edge validations tag theirs on every request)."""
+    return _traces_requests
 
 
 def server_middlewares() -> tuple[Middleware, ...]:

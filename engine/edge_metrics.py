@@ -26,7 +26,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from common.errors import InvalidSession, ServiceError
-from common.telemetry import server_middlewares
+from common.telemetry import traces_requests
 
 __all__ = ["denied", "revocation_lag", "valid"]
 
@@ -63,7 +63,7 @@ _lag = _meter.create_histogram(
 def valid() -> None:
     """Count one valid session (and allowed permission, when asked)."""
     _validations["valid"] += 1
-    if server_middlewares():  # tracing is set up in this process
+    if traces_requests():
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attribute("authio.edge.outcome", "valid")
@@ -77,7 +77,7 @@ def denied(exc: ServiceError) -> None:
         reason = str(exc.details.get("reason", reason))
     _validations["denied"] += 1
     _denials[reason] = _denials.get(reason, 0) + 1
-    if server_middlewares():
+    if traces_requests():
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attributes({"authio.edge.outcome": "denied", "authio.edge.reason": reason})

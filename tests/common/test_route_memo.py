@@ -11,6 +11,7 @@ answer comes from aiohttp's router, the second from the memo, and both must be t
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import orjson
 import pytest
@@ -22,6 +23,8 @@ from common.http import EnvelopeRunner, RouteMemo, envelope_middleware
 
 
 async def _echo(request: web.Request) -> web.Response:
+    if await request.read() == b"fail":
+        raise RuntimeError("the handler failed")
     return web.json_response({"route": request.match_info.route.resource.canonical,  # type: ignore[union-attr]
                               "method": request.method, "values": dict(request.match_info),
                               "body": (await request.text()) or None})
@@ -41,16 +44,34 @@ def _app() -> web.Application:
     return app
 
 
+@dataclass
+class Served:
+    base: str
+    app: web.Application
+    memo: RouteMemo
+    resolved: list[str]  # the paths aiohttp's router resolved
+
+
 @pytest_asyncio.fixture
-async def served() -> AsyncIterator[tuple[str, web.Application]]:
+async def served() -> AsyncIterator[Served]:
     app = _app()
+    resolved: list[str] = []
+    resolve = app.router.resolve
+
+    async def counting(request: web.Request) -> web.UrlMappingMatchInfo:
+        resolved.append(request.path)
+        return await resolve(request)
+
+    app.router.resolve = counting  # type: ignore[method-assign]
     runner = EnvelopeRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        yield f"http://127.0.0.1:{port}", app
+        memo = runner.server.request_handler.keywords["handler"]  # type: ignore[union-attr]
+        assert isinstance(memo, RouteMemo)
+        yield Served(f"http://127.0.0.1:{port}", app, memo, resolved)
     finally:
         await runner.cleanup()
 
@@ -71,8 +92,8 @@ REQUESTS = [
 
 @pytest.mark.parametrize(("method", "path"), REQUESTS)
 async def test_remembered_routes_answer_as_aiohttp_does(
-        served: tuple[str, web.Application], http: ClientSession, method: str, path: str) -> None:
-    base, _ = served
+        served: Served, http: ClientSession, method: str, path: str) -> None:
+    base = served.base
     answers = []
     for _ in range(2):
         async with http.request(method, base + path, data=b"x") as r:
@@ -80,11 +101,12 @@ async def test_remembered_routes_answer_as_aiohttp_does(
             answers.append(orjson.loads(await r.read()))
             assert r.headers["X-Request-Id"]
     assert answers[0] == answers[1]
+    assert len(served.resolved) == 1  # the second came from the memo
 
 
-async def test_misses_are_aiohttps_every_time(served: tuple[str, web.Application],
+async def test_misses_are_aiohttps_every_time(served: Served,
                                               http: ClientSession) -> None:
-    base, _ = served
+    base = served.base
     for _ in range(2):
         async with http.get(base + "/v1/stores/store_1/check") as r:  # wrong method
             assert r.status == 405
@@ -97,9 +119,9 @@ async def test_misses_are_aiohttps_every_time(served: tuple[str, web.Application
             assert r.status == 404
 
 
-async def test_expect_continue_on_a_remembered_route(served: tuple[str, web.Application],
+async def test_expect_continue_on_a_remembered_route(served: Served,
                                                      http: ClientSession) -> None:
-    base, _ = served
+    base = served.base
     path = base + "/v1/stores/store_1/check"
     async with http.post(path, data=b"first") as r:
         assert r.status == 200
@@ -108,14 +130,48 @@ async def test_expect_continue_on_a_remembered_route(served: tuple[str, web.Appl
         assert (await r.json())["body"] == "second"
 
 
-async def test_the_memo_is_bounded(served: tuple[str, web.Application], http: ClientSession,
+async def test_methods_of_one_path_are_told_apart(served: Served, http: ClientSession) -> None:
+    path = served.base + "/v1/users/user_1"
+    for _ in range(2):
+        for method in ("GET", "DELETE", "HEAD"):
+            async with http.request(method, path) as r:
+                assert r.status == 200
+                if method != "HEAD":
+                    assert (await r.json())["method"] == method
+        async with http.post(path) as r:
+            assert r.status == 405
+            assert r.headers["Allow"] == "DELETE,GET,HEAD"
+    assert len(served.resolved) == 3 + 2  # GET, DELETE, HEAD once; the 405 every time
+
+
+async def test_a_handler_that_raises_is_remembered_later(served: Served,
+                                                         http: ClientSession) -> None:
+    path = served.base + "/v1/stores/store_1/check"
+    async with http.post(path, data=b"fail") as r:
+        assert r.status == 500
+        assert (await r.json())["error"]["code"] == "internal_error"
+    for _ in range(2):
+        async with http.post(path, data=b"ok") as r:
+            assert r.status == 200
+    assert len(served.resolved) == 2  # the failed call is not remembered; then one miss
+
+
+async def test_the_memo_is_bounded(served: Served, http: ClientSession,
                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common_http, "ROUTE_MEMO_ENTRIES", 4)
-    base, _ = served
+    base = served.base
     for i in range(10):
         async with http.post(f"{base}/v1/stores/store_{i}/check") as r:
             assert r.status == 200
             assert (await r.json())["values"] == {"store_id": f"store_{i}"}
+        assert len(served.memo._routes) <= 4
+    long = "/v1/edge/auth/" + "x" * common_http.ROUTE_MEMO_PATH  # longer than the memo keeps
+    for _ in range(2):
+        async with http.get(base + long) as r:
+            assert r.status == 200
+            assert (await r.json())["values"] == {"tail": "x" * common_http.ROUTE_MEMO_PATH}
+    assert not any(path == long for _, path in served.memo._routes)
+    assert served.resolved[-2:] == [long, long]
 
 
 def test_apps_the_memo_cannot_serve_are_refused() -> None:
