@@ -145,6 +145,18 @@ def read_dataset(dataset: Path, limit: int) -> tuple[str, list[bytes]]:
     return store_id, bodies
 
 
+def target_requests(dataset: Path, limit: int) -> tuple[str, list[bytes], list[bytes]]:
+    """The store id, the single-check requests (``$AUTHIO_API_KEY``, the dataset's first
+    ``limit`` checks) and the forward-auth request (``$EDGE_TOKEN``, the headers a proxy sends)."""
+    store_id, bodies = read_dataset(dataset, limit)
+    key = {"Authorization": f"Bearer {os.environ.get('AUTHIO_API_KEY', '')}"}
+    auth = {"Authorization": f"Bearer {os.environ.get('EDGE_TOKEN', '')}",
+            "X-Forwarded-Method": "GET", "X-Forwarded-Proto": "https",
+            "X-Forwarded-Host": "app.example", "X-Forwarded-Uri": "/projects/42/settings"}
+    return (store_id, build_requests("POST", f"/v1/stores/{store_id}/check", key, bodies),
+            build_requests("GET", "/v1/edge/auth", auth, None))
+
+
 async def main_async(args: argparse.Namespace) -> int:
     from aiohttp import web
     from bare_server import make_app
@@ -153,13 +165,7 @@ async def main_async(args: argparse.Namespace) -> int:
     from common.settings import Settings
     from engine.app import create_engine_app
 
-    store_id, bodies = read_dataset(args.dataset, args.limit)
-    key = {"Authorization": f"Bearer {os.environ.get('AUTHIO_API_KEY', '')}"}
-    auth = {"Authorization": f"Bearer {os.environ.get('EDGE_TOKEN', '')}",
-            "X-Forwarded-Method": "GET", "X-Forwarded-Proto": "https",
-            "X-Forwarded-Host": "app.example", "X-Forwarded-Uri": "/projects/42/settings"}
-    check_reqs = build_requests("POST", f"/v1/stores/{store_id}/check", key, bodies)
-    auth_reqs = build_requests("GET", "/v1/edge/auth", auth, None)
+    store_id, check_reqs, auth_reqs = target_requests(args.dataset, args.limit)
 
     os.environ.setdefault("OTEL_EXPORTER", "none")
     settings = Settings()

@@ -65,15 +65,9 @@ async def _measure(target: str, dataset: Path, requests: int, library: str) -> N
 
     from aiohttp import web
     from bare_server import make_app
-    from bench_inproc_http import build_requests, drive, read_dataset
+    from bench_inproc_http import drive, target_requests
 
-    store_id, bodies = read_dataset(dataset, 20_000)
-    key = {"Authorization": f"Bearer {os.environ.get('AUTHIO_API_KEY', '')}"}
-    auth = {"Authorization": f"Bearer {os.environ.get('EDGE_TOKEN', '')}",
-            "X-Forwarded-Method": "GET", "X-Forwarded-Proto": "https",
-            "X-Forwarded-Host": "app.example", "X-Forwarded-Uri": "/projects/42/settings"}
-    check = build_requests("POST", f"/v1/stores/{store_id}/check", key, bodies)
-    forward = build_requests("GET", "/v1/edge/auth", auth, None)
+    store_id, check, forward = target_requests(dataset, 20_000)
     reqs = {"check": check, "bare-check": check, "auth": forward, "bare-auth": forward}[target]
     os.environ.setdefault("OTEL_EXPORTER", "none")
     if target.startswith("bare"):
