@@ -34,7 +34,7 @@ from typing import Final
 import asyncpg
 from cachetools import TTLCache
 
-from common.access_tokens import PublicKey, VerificationKey, public_key_from_jwk
+from common.access_tokens import VerificationKey, public_key_from_jwk
 from common.ids import is_id
 
 __all__ = [
@@ -127,7 +127,6 @@ class PublishedKeys:
         self._keys: dict[str, VerificationKey] = {}
         self._until: dict[str, float] = {}  # kid -> publish_until (Unix s), inf while not retired
         self._by_project: dict[str, set[str]] = {}
-        self._public: dict[str, PublicKey] = {}  # parsed once per kid (a kid's key never changes)
         self._last_miss: dict[str, float] = {}  # bucket -> time.monotonic() of its last reload
         self._miss_loads: dict[str, asyncio.Task[None]] = {}
         self._project_loads: dict[str, asyncio.Task[None]] = {}
@@ -193,7 +192,6 @@ class PublishedKeys:
         for kid, k in keys.items():
             by_project.setdefault(k.project_id, set()).add(kid)
         self._by_project = by_project
-        self._public = {kid: k.key for kid, k in keys.items()}
         self.loaded.set()
         # A project reloaded while the full read ran may have read a later state than it:
         # read those again rather than keep whichever finished last.
@@ -235,19 +233,19 @@ class PublishedKeys:
         for kid in self._by_project.get(project_id, set()) - fresh.keys():
             self._keys.pop(kid, None)
             self._until.pop(kid, None)
-            self._public.pop(kid, None)
         for kid, key in fresh.items():
-            self._keys[kid], self._until[kid], self._public[kid] = key, _until(key), key.key
+            self._keys[kid], self._until[kid] = key, _until(key)
         if fresh:
             self._by_project[project_id] = set(fresh)
         else:
             self._by_project.pop(project_id, None)
 
     def _key(self, row: asyncpg.Record) -> VerificationKey:
+        """The key of ``row``, its public key parsed once per kid (a kid's key never changes:
+        the one in memory is reused; callers build the new maps before replacing them)."""
         kid = row["kid"]
-        public = self._public.get(kid)
-        if public is None:
-            public = public_key_from_jwk(row["public_jwk"])
+        known = self._keys.get(kid)
+        public = known.key if known is not None else public_key_from_jwk(row["public_jwk"])
         return VerificationKey(kid, row["project_id"], row["alg"], public, row["publish_until"])
 
 
