@@ -43,7 +43,7 @@ import gc
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -51,7 +51,7 @@ import asyncpg
 from cachetools import TTLCache
 
 from common import changes
-from engine.graph import StoreGraph
+from engine.graph import StoreGraph, gc_paused
 
 __all__ = ["Follower", "LoadedStore", "StoreRegistry"]
 
@@ -112,20 +112,6 @@ class LoadedStore:
 def _unescape_copy(field: str) -> str:
     """Undo the backslash escapes of PostgreSQL's text ``COPY`` output."""
     return _COPY_UNESCAPE.sub(lambda m: _COPY_ESCAPES.get(m.group(1), m.group(1)), field)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector for a whole COPY, not just per chunk (between chunks
-    it would walk every container loaded so far, several times over a big load). The graphs
-    hold no cycles; what a pause keeps back is other tasks' cyclic garbage, collected after."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
 
 
 class _CopySink:
@@ -490,7 +476,7 @@ class StoreRegistry:
             rows = await conn.fetch(_STORES_SQL)
             graphs = {r["id"]: StoreGraph() for r in rows}
             sink = _CopySink(graphs)
-            with _gc_paused():
+            with gc_paused():
                 await conn.copy_from_query(_ALL_TUPLES_SQL, output=sink,
                                            timeout=self._load_timeout)
                 if self._freeze_gc:  # before the collector resumes: its first (youngest
@@ -555,7 +541,7 @@ class StoreRegistry:
                 return None
             graph = StoreGraph()
             sink = _CopySink({store_id: graph})
-            with _gc_paused():
+            with gc_paused():
                 await conn.copy_from_query(_STORE_TUPLES_SQL, store_id, output=sink,
                                            timeout=self._load_timeout)
             sink.finish()

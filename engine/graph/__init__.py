@@ -33,9 +33,9 @@ The package does no I/O and imports only the standard library. A :class:`StoreGr
 thread-safe: mutate and query it from one thread (the engine's event loop).
 """
 
-from engine.graph.index import StoreGraph
+from engine.graph.index import StoreGraph, gc_paused
 from engine.graph.result import CheckResult, Resolution, ResolutionTooComplex
 from engine.graph.search import DEFAULT_MAX_DEPTH, check
 
 __all__ = ["DEFAULT_MAX_DEPTH", "CheckResult", "Resolution", "ResolutionTooComplex", "StoreGraph",
-           "check"]
+           "check", "gc_paused"]

@@ -6,14 +6,15 @@ engine's event loop).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 from engine.graph.result import CheckResult
 
-__all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph"]
+__all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph", "gc_paused"]
 
 _SMALL: Final = 16
 """Up to this many entries a container is a tuple; above, a set (nodes) or a list (usersets).
@@ -30,6 +31,23 @@ _MEMO_ENTRY_COST: Final = 8
 
 _ANSWERS_MIN_ROOM: Final = 1 << 15
 """Answer cache room in entries: this many, or one per 8 tuples if more (~200-400 bytes each)."""
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a load, and restore its state after (a nested
+    pause leaves it to the outer one). Its passes over a growing index would cost about a third
+    of a load's time, and the index holds no reference cycles; what a pause keeps back is other
+    code's cyclic garbage, collected after. The engine pauses it for a whole snapshot (every
+    chunk of a COPY), not just per chunk: between chunks it would walk every container loaded so
+    far, several times over a big load."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
 
 EMPTY: Final[tuple[str, ...]] = ()
 """The empty container (a node nobody holds, a node without usersets)."""
@@ -116,9 +134,7 @@ class StoreGraph:
 
         Same effect as calling :meth:`add` for each row (the same insertion code runs); meant
         for loading a store's tuples at start-up. The cyclic garbage collector is paused
-        meanwhile (its passes over the growing index would cost about a third of the time; the
-        index holds no reference cycles) and restored to its previous state afterwards. Rows
-        added before an exception in ``rows`` stay added.
+        meanwhile (:func:`gc_paused`). Rows added before an exception in ``rows`` stay added.
         """
         self.load_nodes((o + "#" + r, u) for o, r, u in rows)
 
@@ -126,13 +142,8 @@ class StoreGraph:
         """:meth:`load` for ``(node, user)`` pairs, ``node`` being ``"object#relation"``
         already (the engine's snapshot query joins the two in PostgreSQL: one Python string
         operation less per row)."""
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             self._insert(pairs)
-        finally:
-            if collecting:
-                gc.enable()
 
     def _insert(self, pairs: Iterable[tuple[str, str]]) -> int:
         """Add ``(node, user)`` pairs; return how many were absent. The one insertion routine,
