@@ -211,9 +211,7 @@ async def _store(request: web.Request, principal: Principal) -> LoadedStore:
         if not is_id(store_id, "store"):
             parse_path_param("store_id", store_id)
             raise StoreNotFound()
-        if not registry.ready and not await registry.wait_ready(_timeout_s(request)):
-            raise NotReady()
-        store = await registry.get(store_id)
+        store = await registry.find(store_id, _timeout_s(request))
     if store is None or store.project_id != principal.project_id:
         raise StoreNotFound()
     return store

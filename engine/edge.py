@@ -317,10 +317,7 @@ async def _allowed(request: web.Request, claims: AccessClaims,
     registry = request.app[STORES]
     store = registry.peek(store_id)
     if store is None:
-        timeout = request.app[SETTINGS].consistency_timeout_ms / 1000
-        if not registry.ready and not await registry.wait_ready(timeout):
-            raise NotReady()
-        store = await registry.get(store_id)
+        store = await registry.find(store_id, request.app[SETTINGS].consistency_timeout_ms / 1000)
     if store is None or store.project_id != claims.pid:
         raise Forbidden("No such store in the session's project.", details={"reason": "store"})
     try:

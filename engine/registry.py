@@ -51,6 +51,7 @@ import asyncpg
 from cachetools import TTLCache
 
 from common import changes
+from common.errors import NotReady
 from engine.graph import StoreGraph, gc_paused
 
 __all__ = ["Follower", "LoadedStore", "StoreRegistry"]
@@ -273,6 +274,17 @@ class StoreRegistry:
         if store_id in self._missing:
             return None
         return await asyncio.shield(self._request_load(store_id))
+
+    async def find(self, store_id: str, ready_timeout_s: float) -> LoadedStore | None:
+        """:meth:`get` for a request: waits at most ``ready_timeout_s`` seconds for the start-up
+        load, then raises ``common.errors.NotReady`` (503 ``not_ready``) instead of waiting on.
+        None if absent; raises what :meth:`get` raises."""
+        store = self._stores.get(store_id)
+        if store is None:
+            if not self.ready and not await self.wait_ready(ready_timeout_s):
+                raise NotReady()
+            store = await self.get(store_id)
+        return store
 
     async def wait_for(self, store: LoadedStore, revision: int, timeout_s: float) -> bool:
         """Wait until ``store`` reflects at least ``revision``; True if reached within

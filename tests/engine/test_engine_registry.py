@@ -24,6 +24,7 @@ from aiohttp import ClientSession, web
 
 from common import changes
 from common.auth import hash_secret
+from common.errors import NotReady
 from common.http import EnvelopeRunner
 from common.settings import load_settings
 from engine.app import create_engine_app
@@ -305,6 +306,22 @@ async def test_unknown_store_loaded_on_demand(pool: asyncpg.Pool,
     assert await registry.get(late) is None
     await asyncio.sleep(1.1)
     assert await registry.get(late) is not None
+
+
+async def test_find_waits_for_the_start_up_load_only_so_long(pool: asyncpg.Pool, eng_db: str,
+                                                             make_registry: Factory) -> None:
+    """``find`` (the check and edge routes' lookup): not_ready past its bound while the
+    snapshot is still loading (here: never started), else ``get``'s answer."""
+    loading = StoreRegistry(pool=pool, dsn=eng_db, poll_seconds=3600.0)
+    started = time.perf_counter()
+    with pytest.raises(NotReady):
+        await loading.find(f"store_{secrets.token_hex(13)}", 0.2)
+    assert 0.15 < time.perf_counter() - started < 5
+    registry = await make_registry()
+    store_id = await create_store(pool, notify=False, tuples=[("doc:1", "viewer", "user:ann")])
+    found = await registry.find(store_id, 0.2)
+    assert found is not None and found is registry.peek(store_id)
+    assert await registry.find(f"store_{secrets.token_hex(13)}", 0.2) is None
 
 
 async def test_wait_for(pool: asyncpg.Pool, make_registry: Factory) -> None:
