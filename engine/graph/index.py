@@ -10,11 +10,12 @@ import contextlib
 import gc
 import sys
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Final
 
 from engine.graph.result import CheckResult
 
-__all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph", "gc_paused"]
+__all__ = ["EMPTY", "Kids", "Nodes", "StoreGraph", "gc_paused", "is_one"]
 
 _SMALL: Final = 16
 """Up to this many entries a container is a tuple; above, a set (nodes) or a list (usersets).
@@ -55,6 +56,11 @@ EMPTY: Final[tuple[str, ...]] = ()
 Nodes = tuple[str, ...] | set[str]
 Kids = tuple[str, ...] | list[str]
 
+is_one: Final = partial(type.__instancecheck__, str)
+"""``is_one(entry)``: whether an index entry is one bare string rather than a container (what
+``isinstance(entry, str)`` says, as a C callable that ``filter`` and ``filterfalse`` run with no
+Python frame per entry)."""
+
 
 class StoreGraph:
     """Tuples of one store, indexed for :func:`engine.graph.check`.
@@ -62,11 +68,18 @@ class StoreGraph:
     Layout (memory is the budget; every node key is stored once):
 
     * ``_nodes_by_user``: user (plain ``"type:id"`` or userset ``"type:id#rel"``) -> the
-      nodes ``"object#relation"`` that hold it directly; a tuple of up to ``_SMALL`` node
-      keys, a set above. One entry per tuple in total.
-    * ``_usersets``: node -> its userset users (``"U#S"``, which are child node keys), a
-      tuple of up to ``_SMALL``, a list above; absent when the node has none. One entry per
-      userset tuple.
+      nodes ``"object#relation"`` that hold it directly: the node key itself when there is
+      one, a tuple of 2 to ``_SMALL`` node keys, a set above. One entry per tuple in total.
+    * ``_usersets``: node -> its userset users (``"U#S"``, which are child node keys): the
+      one child itself, a tuple of 2 to ``_SMALL``, a list above; absent when the node has
+      none. One entry per userset tuple.
+
+      A single entry is stored bare, not in a 1-tuple: on the dataset of ``bench/dataset.py``
+      two users in five and half the nodes with usersets have exactly one, and the 1-tuples
+      were 10.5 of 106 bytes per tuple. Readers tell the two kinds apart with :data:`is_one`
+      (a bare string iterates by character); the walk's level steps split a level's entries
+      with ``filter``/``filterfalse`` on it, so no step runs Python per node, and
+      :meth:`holders` and :meth:`usersets` give the container form for everything else.
     * Node keys and userset users are interned with :func:`sys.intern`, so a node key
       repeated across tuples, and a userset user and the node it names, share one string
       object. The interpreter's table does not keep a string alive (interned strings are
@@ -97,8 +110,8 @@ class StoreGraph:
 
     def __init__(self) -> None:
         """Create an empty graph."""
-        self._nodes_by_user: dict[str, Nodes] = {}
-        self._usersets: dict[str, Kids] = {}
+        self._nodes_by_user: dict[str, str | Nodes] = {}
+        self._usersets: dict[str, str | Kids] = {}
         self._memo: dict[str, tuple[frozenset[str], int]] = {}
         self._memo_room = _MEMO_MIN_ROOM
         self._answers: dict[str, dict[str, CheckResult]] = {}
@@ -120,7 +133,19 @@ class StoreGraph:
         obj, rel, user = item
         if not (isinstance(obj, str) and isinstance(rel, str) and isinstance(user, str)):
             return False
-        return obj + "#" + rel in self._nodes_by_user.get(user, EMPTY)
+        return obj + "#" + rel in self.holders(user)
+
+    def holders(self, user: str) -> Nodes:
+        """The nodes ``"object#relation"`` holding ``user`` directly, as a container (``EMPTY``
+        if none): for a userset user ``"U#S"``, the parents of node ``U#S``."""
+        nodes = self._nodes_by_user.get(user, EMPTY)
+        return (nodes,) if isinstance(nodes, str) else nodes
+
+    def usersets(self, node: str) -> Kids:
+        """The userset users ``"U#S"`` of ``node`` (its children in the walk), as a container
+        (``EMPTY`` if none)."""
+        kids = self._usersets.get(node, EMPTY)
+        return (kids,) if isinstance(kids, str) else kids
 
     def add(self, object: str, relation: str, user: str) -> bool:
         """Add the tuple ``(object, relation, user)``; return True if it was absent.
@@ -166,7 +191,11 @@ class StoreGraph:
                     user = intern(user)
                 cur = by_user_get(user)
                 if cur is None:
-                    by_user[user] = (key,)
+                    by_user[user] = key
+                elif type(cur) is str:
+                    if cur == key:
+                        continue
+                    by_user[user] = (cur, key)
                 elif key in cur:
                     continue
                 elif type(cur) is tuple:
@@ -178,7 +207,9 @@ class StoreGraph:
                         self._edges_changed()
                     kids = usersets_get(key)
                     if kids is None:
-                        usersets[key] = (user,)
+                        usersets[key] = user
+                    elif type(kids) is str:
+                        usersets[key] = (kids, user)
                     elif type(kids) is tuple:
                         usersets[key] = (*kids, user) if len(kids) < small else [*kids, user]
                     else:
@@ -195,29 +226,26 @@ class StoreGraph:
         key = object + "#" + relation
         by_user = self._nodes_by_user
         cur = by_user.get(user)
-        if cur is None or key not in cur:
+        if cur is None:
             return False
-        if len(cur) == 1:
+        if type(cur) is str:
+            if cur != key:
+                return False
             del by_user[user]
-        elif type(cur) is tuple:
-            by_user[user] = tuple([k for k in cur if k != key])
+        elif key not in cur:
+            return False
         else:
-            cur.remove(key)  # type: ignore[union-attr]
-            if len(cur) <= _SMALL // 2:
-                by_user[user] = tuple(cur)
+            # (assigning to a present key keeps the dict's own key object, the interned one)
+            by_user[user] = _without(cur, key)  # type: ignore[arg-type, assignment]
         if "#" in user:
             if self._memo or self._answers:
                 self._edges_changed()
             usersets = self._usersets
             kids = usersets[key]
-            if len(kids) == 1:
+            if type(kids) is str:
                 del usersets[key]
-            elif type(kids) is tuple:
-                usersets[key] = tuple([k for k in kids if k != user])
             else:
-                kids.remove(user)  # type: ignore[union-attr]
-                if len(kids) <= _SMALL // 2:
-                    usersets[key] = tuple(kids)
+                usersets[key] = _without(kids, user)  # type: ignore[arg-type, assignment]
         elif self._answers:
             self._answers.pop(user, None)
         self._count -= 1
@@ -259,3 +287,16 @@ class StoreGraph:
             self._forget_walks()
             self._memo_room -= cost
         self._memo[sys.intern(key)] = (frozenset(seen), deepest)
+
+
+def _without(entries: Nodes | Kids, gone: str) -> str | Nodes | Kids:
+    """A container of two or more entries less ``gone`` (present), in the form its size takes:
+    the other entry bare from two, a tuple up to ``_SMALL``, else the set or list shrunk in
+    place (back to a tuple at half that, so a size at the threshold does not flip the form on
+    every add and remove)."""
+    if type(entries) is tuple:
+        if len(entries) == 2:
+            return entries[0] if entries[1] == gone else entries[1]
+        return tuple([k for k in entries if k != gone])
+    entries.remove(gone)  # type: ignore[union-attr]
+    return tuple(entries) if len(entries) <= _SMALL // 2 else entries

@@ -6,7 +6,7 @@ No I/O, standard library only.
 
 from __future__ import annotations
 
-from engine.graph.index import EMPTY, Nodes, StoreGraph
+from engine.graph.index import Nodes, StoreGraph
 from engine.graph.result import CheckResult, new_result
 
 __all__ = ["userset_proof"]
@@ -20,14 +20,13 @@ def userset_proof(
     Where several nodes qualify, the smallest (string order) is taken, so the reported path
     does not depend on set iteration order.
     """
-    usersets_get = graph._usersets.get
     meet = fwd[-1].intersection(back[-1])
     middle = min(meet) if len(meet) > 1 else next(iter(meet))
     path: list[str] = []
     node = middle
     for above in reversed(fwd[1:-1]):  # climb to the checked node
-        ups = [n for n in above if node in usersets_get(n, EMPTY)]
-        up = min(ups) if len(ups) > 1 else ups[0]
+        ups = above.intersection(graph.holders(node))  # node's parents on that level
+        up = min(ups) if len(ups) > 1 else next(iter(ups))
         path.append(up + "@" + node)
         node = up
     if len(fwd) > 1:
@@ -36,7 +35,7 @@ def userset_proof(
     path.reverse()
     node = middle
     for below in reversed(back[:-1]):  # descend to a node holding `user`
-        downs = [k for k in usersets_get(node, EMPTY) if k in below]
+        downs = [k for k in graph.usersets(node) if k in below]
         down = min(downs) if len(downs) > 1 else downs[0]
         path.append(node + "@" + down)
         node = down

@@ -20,10 +20,11 @@ The exact rule is in :mod:`engine.graph`. No I/O, standard library only.
 
 from __future__ import annotations
 
-from itertools import chain, repeat
-from typing import Final
+from collections.abc import Callable, Iterable
+from itertools import chain, filterfalse, repeat
+from typing import Any, Final
 
-from engine.graph.index import EMPTY, Kids, Nodes, StoreGraph
+from engine.graph.index import EMPTY, Kids, Nodes, StoreGraph, is_one
 from engine.graph.proof import userset_proof
 from engine.graph.result import DENIED_ONE, CheckResult, ResolutionTooComplex, denied, new_result
 
@@ -70,9 +71,14 @@ def check(
     if max_depth < 1:
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
     key = object + "#" + relation
-    holders = graph._nodes_by_user.get(user)  # the nodes holding `user` directly
-    if holders is not None and key in holders:
-        return new_result(True, "direct", (key + "@" + user,), 1, 1)
+    holders: Any = graph._nodes_by_user.get(user)  # the nodes holding `user` directly
+    if holders is not None:
+        if type(holders) is str:  # held by one node: the entry is that node (StoreGraph)
+            if holders == key:
+                return new_result(True, "direct", (key + "@" + user,), 1, 1)
+            holders = (holders,)
+        elif key in holders:
+            return new_result(True, "direct", (key + "@" + user,), 1, 1)
     if user == key:
         return new_result(True, "direct", (), 1, 1)
     kids = graph._usersets.get(key)
@@ -97,11 +103,12 @@ def check(
 
 
 def _walk(
-    graph: StoreGraph, key: str, kids: Kids, user: str, holders: Nodes | None, max_depth: int
+    graph: StoreGraph, key: str, kids: str | Kids, user: str, holders: Nodes | None,
+    max_depth: int
 ) -> CheckResult:
-    """The answer for a node with userset children that neither a direct tuple, the memo nor
-    the answer cache gave."""
-    ahead = set(kids)  # depth 2
+    """The answer for a node with userset children (its ``_usersets`` entry: the one child, or
+    a container) that neither a direct tuple, the memo nor the answer cache gave."""
+    ahead = {kids} if type(kids) is str else set(kids)  # depth 2
     ahead.discard(key)
     if holders is None or max_depth == 1:  # no proof can exist within the cap
         return _finish(graph, key, {key}, ahead, 1, max_depth, 1)
@@ -130,7 +137,7 @@ def _search(
     fwd: list[set[str]] = [{key}]
     fwd_seen |= ahead  # ahead (depth 2) was compared with the holders by check()
     fwd.append(ahead)
-    ahead = set(_chain(map(usersets_get, ahead, _NO_KIDS))) - fwd_seen
+    ahead = _below(usersets_get, ahead, fwd_seen)
     if max_depth > 2 and not ahead.isdisjoint(holders):  # depth 3: common, answer it early
         fwd.append(ahead)
         return userset_proof(graph, fwd, [holders], user, len(fwd_seen) + len(ahead))
@@ -148,12 +155,15 @@ def _search(
                            len(fwd_seen) + len(back_seen or holders))
         hops_left -= 1
         if back_room > 0 and len(back[-1]) < len(ahead):
-            parents = list(map(parents_get, back[-1], _NO_KIDS))
-            back_room -= sum(map(len, parents))
+            found: list[Any] = list(map(parents_get, back[-1], _NO_KIDS))
+            parents: list[Nodes] = list(filterfalse(is_one, found))
+            sole: list[str] = list(filter(is_one, found))  # the parent of a node that has one
+            back_room -= sum(map(len, parents)) + len(sole)
             if back_room >= 0:
                 if back_seen is None:
                     back_seen = set(holders)
-                level = set(_chain(parents)) - back_seen
+                level = set(chain(_chain(parents), sole))
+                level -= back_seen
                 if not level:  # no path at all; the forward walk decides raise or deny
                     return _finish(graph, key, fwd_seen, ahead, len(fwd), max_depth,
                                    len(fwd_seen) + len(back_seen))
@@ -176,7 +186,7 @@ def _search(
                           len(fwd_seen) + len(level) + len(back_seen or holders))
         fwd_seen |= level
         fwd.append(level)
-        ahead = set(_chain(map(usersets_get, level, _NO_KIDS))) - fwd_seen
+        ahead = _below(usersets_get, level, fwd_seen)
 
 
 def _finish(
@@ -203,10 +213,22 @@ def _finish(
                 raise ResolutionTooComplex(max_depth)
             depth += 1
             seen |= ahead
-            ahead = set(_chain(map(usersets_get, ahead, _NO_KIDS))) - seen
+            ahead = _below(usersets_get, ahead, seen)
         if len(seen) >= _MEMO_MIN_NODES:
             graph._remember_walk(key, seen, depth)
         visited += len(seen) - walked
     elif memo[1] > max_depth:
         raise ResolutionTooComplex(max_depth)
     return denied(visited)
+
+
+def _below(
+    usersets_get: Callable[[str, Kids], str | Kids], level: Iterable[str], seen: set[str]
+) -> set[str]:
+    """The next level of a forward walk: the userset children of the nodes of ``level`` not in
+    ``seen``, as a new set. Entries are bare strings or containers (:class:`StoreGraph`); one
+    lookup per node and C-level passes over them, no Python per node."""
+    found: list[Any] = list(map(usersets_get, level, _NO_KIDS))
+    out: set[str] = set(chain(_chain(filterfalse(is_one, found)), filter(is_one, found)))
+    out -= seen
+    return out

@@ -139,18 +139,22 @@ def assert_index_exact(g: StoreGraph, current: set[Row]) -> None:
     nodes = Counter(f"{o}#{r}" for o, r, _ in current)
     assert set(g._nodes_by_user) == {u for _, _, u in current}
     held_nodes: Counter[str] = Counter()
-    for user, held in g._nodes_by_user.items():
+    for user, entry in g._nodes_by_user.items():
+        held = g.holders(user)
         assert "#" not in user or sys.intern(user) is user
         assert all(sys.intern(k) is k for k in held)
+        assert (type(entry) is str) is (len(held) == 1)  # one holder is stored bare
         held_nodes.update(held)
     assert held_nodes == nodes
     kids_expected: dict[str, set[str]] = {}
     for o, r, u in current:
         if "#" in u:
             kids_expected.setdefault(f"{o}#{r}", set()).add(u)
-    assert {k: set(v) for k, v in g._usersets.items()} == kids_expected
-    for key, kids in g._usersets.items():
+    assert {k: set(g.usersets(k)) for k in g._usersets} == kids_expected
+    for key, entry in g._usersets.items():
+        kids = g.usersets(key)
         assert sys.intern(key) is key and all(sys.intern(k) is k for k in kids)
+        assert (type(entry) is str) is (len(kids) == 1)  # one child is stored bare
 
 
 # --- the conformance cases (OpenFGA's, converted) ---------------------------------------------
@@ -581,6 +585,50 @@ def test_containers_grow_and_shrink() -> None:
     assert len(g) == 200 - 76
 
 
+def test_single_entries_are_stored_bare_and_walked() -> None:
+    """A user held by one node, and a node with one userset child, are stored as the bare node
+    key (no 1-tuple; the memory target of issue 12), and every reader takes it as one node, not
+    as the characters of a string: direct matches, walks down single children, backward steps
+    through single parents, proofs, and the forms going 1 -> 2 -> 1 -> 0 entries."""
+    chain_ = [("doc:1", "viewer", "grp:a#m"), ("grp:a", "m", "grp:b#m"), ("grp:b", "m", "grp:c#m"),
+              ("grp:c", "m", "usr:x")]
+    g = graph_of(chain_)
+    assert g._usersets["doc:1#viewer"] == "grp:a#m" and g._nodes_by_user["usr:x"] == "grp:c#m"
+    assert g.holders("usr:x") == ("grp:c#m",) and g.usersets("grp:a#m") == ("grp:b#m",)
+    assert ("grp:c", "m", "usr:x") in g and ("grp:c", "m", "usr") not in g
+    # A substring of a bare entry is no match (a string's `in` would say it is).
+    assert run(g, "grp:c", "m", "usr:x").depth == 1
+    assert run(g, "rp:c", "m", "usr:x").allowed is False
+    res = run(g, "doc:1", "viewer", "usr:x")
+    assert (res.depth, res.resolution_path) == (4, (
+        "doc:1#viewer@grp:a#m", "grp:a#m@grp:b#m", "grp:b#m@grp:c#m", "grp:c#m@usr:x"))
+    assert run(g, "doc:1", "viewer", "grp:c#m").depth == 3  # a userset user held by one node
+    # Deny or cut is the forward walk's alone (nobody holds the user): it must go down the chain.
+    with pytest.raises(ResolutionTooComplex):
+        run(g, "doc:1", "viewer", "usr:y", max_depth=3)
+    assert run(g, "doc:1", "viewer", "usr:y", max_depth=4).allowed is False
+    # Wide fan-out below, single parents above: the search steps backward through bare entries.
+    wide = [("grp:a", "m", f"grp:w{i}#m") for i in range(40)]
+    g.load(wide)
+    res = run(g, "doc:1", "viewer", "usr:x")
+    assert res.depth == 4 and res.dispatch_count > 1  # a walk, not the answer cache
+    assert outcome(g, "doc:1", "viewer", "usr:x") == oracle([*chain_, *wide], "doc:1", "viewer",
+                                                            "usr:x")
+    # 1 -> 2 -> 1 -> 0, for a holder entry and a userset entry at once.
+    assert g.add("doc:2", "viewer", "grp:a#m")
+    assert g.holders("grp:a#m") == ("doc:1#viewer", "doc:2#viewer")
+    assert g.add("doc:1", "viewer", "grp:z#m")
+    assert g.usersets("doc:1#viewer") == ("grp:a#m", "grp:z#m")
+    assert g.remove("doc:1", "viewer", "grp:a#m")
+    assert g._nodes_by_user["grp:a#m"] == "doc:2#viewer" and g._usersets["doc:1#viewer"] == "grp:z#m"
+    assert run(g, "doc:2", "viewer", "usr:x").depth == 4
+    assert run(g, "doc:1", "viewer", "usr:x").allowed is False
+    assert g.remove("doc:2", "viewer", "grp:a#m") and g.remove("doc:1", "viewer", "grp:z#m")
+    assert "grp:a#m" not in g._nodes_by_user and "doc:1#viewer" not in g._usersets
+    assert g.holders("grp:a#m") == () and g.usersets("doc:1#viewer") == ()
+    assert not g.remove("doc:2", "viewer", "grp:a#m")
+
+
 def test_memo_follows_changes() -> None:
     """Denials answered from the memoised walk follow later writes."""
     rows = [("doc:1", "viewer", "group:0#member")]
@@ -618,9 +666,9 @@ def test_strings_are_shared_and_released() -> None:
             (fresh("doc:2"), fresh("viewer"), fresh("user:b"))]
     g.load(rows)
     # The userset user and the node it names are one object; so is a node across its tuples.
-    kid = g._usersets["doc:1#viewer"][0]
-    assert kid is next(k for k in g._nodes_by_user["user:a"] if k == "group:x#member")
-    held_a, held_b = g._nodes_by_user["user:a"], g._nodes_by_user["user:b"]
+    kid = g._usersets["doc:1#viewer"]
+    assert kid is next(k for k in g.holders("user:a") if k == "group:x#member")
+    held_a, held_b = g.holders("user:a"), g.holders("user:b")
     doc2 = next(iter(held_b))
     assert doc2 == "doc:2#viewer" and next(k for k in held_a if k == doc2) is doc2
     assert_index_exact(g, set(rows))
