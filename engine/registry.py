@@ -121,7 +121,9 @@ class _CopySink:
 
     Rows are fed straight into ``graphs[store_id].load_nodes`` chunk by chunk, so the whole table
     is never held in memory twice. Rows of a store absent from ``graphs`` are ignored (cannot
-    happen inside one snapshot: ``tuples.store_id`` references ``stores``).
+    happen inside one snapshot: ``tuples.store_id`` references ``stores``). The graphs must be
+    new: the rows of one snapshot are distinct (the table's primary key is the tuple), which
+    ``load_nodes(..., distinct=True)`` takes on trust.
     """
 
     __slots__ = ("_rest", "graphs", "rows")
@@ -157,7 +159,7 @@ class _CopySink:
         if sids[-1] == first and sids.count(first) == n:  # the usual case: one store per chunk
             graph = self.graphs.get(first)
             if graph is not None:
-                graph.load_nodes(zip(f[1::3], f[2::3], strict=True))
+                graph.load_nodes(zip(f[1::3], f[2::3], strict=True), distinct=True)
             return
         per_store: dict[str, list[tuple[str, str]]] = {}
         for i in range(0, len(f), 3):
@@ -165,7 +167,7 @@ class _CopySink:
         for sid, rows in per_store.items():
             graph = self.graphs.get(sid)
             if graph is not None:
-                graph.load_nodes(rows)
+                graph.load_nodes(rows, distinct=True)
 
 
 class StoreRegistry:

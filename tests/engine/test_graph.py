@@ -713,10 +713,13 @@ def test_load_is_add_per_row() -> None:
     loaded.load(rows)
     for t in rows:
         added.add(*t)
-    for g in (loaded, added):
+    # The snapshot's form: rows known distinct, loaded without the per-row membership scan.
+    snapshot = StoreGraph()
+    snapshot.load_nodes(((f"{o}#{r}", u) for o, r, u in dict.fromkeys(rows)), distinct=True)
+    for g in (loaded, added, snapshot):
         assert_index_exact(g, set(rows))
-    assert loaded._nodes_by_user == added._nodes_by_user
-    assert loaded._usersets == added._usersets
+        assert g._nodes_by_user == added._nodes_by_user
+        assert g._usersets == added._usersets
 
 
 # --- the package -------------------------------------------------------------------------------
