@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import common.tuples as tuples_module
 import engine.graph.search as search_module
 from common.tuples import (
     MAX_ID_LENGTH,
@@ -867,3 +868,22 @@ def test_is_valid_tuple_is_the_validators_rule() -> None:
     for u in users:
         assert is_valid_tuple("doc:1", "viewer", u) is _accepted(validate_user, u), u
 
+
+
+def test_is_valid_tuple_remembers_each_part_for_its_own_role() -> None:
+    """The memo of passed parts never lets a string through in a role it is not valid for,
+    holds at most MEMO_SIZE strings per part, and takes any JSON value without raising."""
+    assert is_valid_tuple("doc:1", "viewer", "group:1#member")
+    assert is_valid_tuple("group:1#member", "viewer", "user:1") is False  # a user, no object
+    assert is_valid_tuple("doc:1", "group:1#member", "user:1") is False
+    assert is_valid_tuple("doc:1", "viewer", "viewer") is False  # a relation, no user
+    assert is_valid_tuple("viewer", "viewer", "user:1") is False
+    for bad in ({}, [], None, 1, {"a": 1}):
+        assert is_valid_tuple(bad, "viewer", "user:1") is False
+        assert is_valid_tuple("doc:1", bad, "user:1") is False
+        assert is_valid_tuple("doc:1", "viewer", bad) is False
+    for i in range(tuples_module.MEMO_SIZE + 10):
+        assert is_valid_tuple("doc:1", "viewer", f"user:m{i}")
+    assert 10 <= len(tuples_module._passed_users) <= tuples_module.MEMO_SIZE
+    assert is_valid_tuple("doc:1", "viewer", "user:m0") and is_valid_tuple("doc:1", "viewer",
+                                                                         "user:x y") is False
