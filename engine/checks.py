@@ -352,7 +352,7 @@ async def batch_check(request: web.Request) -> web.Response:
             add(_item_error(_not_reached(p[3], revision)))
         else:
             try:
-                res = check_(g, object=p[0], relation=p[1], user=p[2], max_depth=max_depth)
+                res = check_(g, p[0], p[1], p[2], max_depth)  # (by position: no keyword matching)
             except graph.ResolutionTooComplex as exc:
                 add(_item_error(ResolutionTooComplex(details={"max_depth": exc.max_depth})))
                 continue

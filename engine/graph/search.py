@@ -45,13 +45,15 @@ _chain = chain.from_iterable
 
 def check(
     graph: StoreGraph,
-    *,
     object: str,
     relation: str,
     user: str,
     max_depth: int = DEFAULT_MAX_DEPTH,
 ) -> CheckResult:
     """Decide whether ``user`` has ``relation`` on ``object`` in ``graph``.
+
+    Callers name the arguments (``check(g, object=..., relation=..., user=...)``); loops over
+    many checks may pass them by position, which saves the keyword matching per call.
 
     Rule: SPEC.md section 4, endpoint rule 4 (direct tuples and userset references,
     recursively, with a depth cap and a visited-set cycle guard), plus "``O#R`` always has
@@ -71,6 +73,15 @@ def check(
     if max_depth < 1:
         raise ValueError(f"max_depth must be >= 1, got {max_depth}")
     key = object + "#" + relation
+    # The answer cache first: a hit is two dict probes, where the direct test below reads every
+    # node string the user holds (a cache miss each: 1.9 -> 1.0 us per warm check on the
+    # medium dataset). Exact in this order too: a tuple added or removed for `user` (a direct
+    # match among them) drops its answers, and a userset tuple drops them all.
+    known = graph._answers.get(user)
+    if known is not None and max_depth == graph._answers_cap:
+        hit = known.get(key)
+        if hit is not None:
+            return hit
     holders: Any = graph._nodes_by_user.get(user)  # the nodes holding `user` directly
     if holders is not None:
         if type(holders) is str:  # held by one node: the entry is that node (StoreGraph)
@@ -90,11 +101,6 @@ def check(
         if memo[1] > max_depth:
             raise ResolutionTooComplex(max_depth)
         return DENIED_ONE
-    known = graph._answers.get(user)
-    if known is not None and max_depth == graph._answers_cap:
-        hit = known.get(key)
-        if hit is not None:
-            return hit
     result = _walk(graph, key, kids, user, holders, max_depth)
     graph._remember_answer(user, key, max_depth, result if result.dispatch_count == 1 else (
         new_result(True, result.resolution, result.resolution_path, 1, result.depth)
