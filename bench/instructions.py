@@ -2,6 +2,7 @@
 
     python bench/instructions.py --dataset bench/data/medium [--targets check,auth]
         [--requests 1500] [--root DIR]
+    python bench/instructions.py --targets graph-cold,graph-warm   # the check function alone
 
 The same in-memory connections as ``bench_inproc_http.py`` (aiohttp's protocol fed raw request
 bytes, every answer checked for 200) serve each target in a process of its own under
@@ -16,6 +17,12 @@ measured process sees a clock advancing 0.1 ms per reading, as at 10k requests/s
 within ±0.3%. Instructions are not time (a cache miss costs more than an add): use them to
 compare two versions of the same path, and ``bench_inproc_http.py`` or ``bench_ceiling.py`` for
 the ratio to the bare handler.
+
+Targets ``graph-cold`` and ``graph-warm`` count :func:`engine.graph.check` alone, per check, in
+process: the dataset's tuples loaded into a ``StoreGraph`` (no database, no HTTP), then every
+check of ``checks.jsonl`` once on the fresh graph (cold: walks, memo and answer cache filled as
+they go) or a second time (warm: what repeated checks cost). Set iteration order follows the
+strings' hashes, so these run with ``PYTHONHASHSEED=0``: the counts repeat exactly.
 
 ``--root DIR`` measures another checkout's code (its ``engine``/``common``; the dataset and this
 script's harness stay). Environment as ``bench_inproc_http.py``: ``DATABASE_URL``,
@@ -53,6 +60,34 @@ def _fake_clock() -> None:
 
     time.time_ns = time_ns
     time.time = lambda: time_ns() / 1e9
+
+
+def _measure_graph(target: str, dataset: Path, library: str) -> None:
+    """In the process under valgrind: ``graph-cold`` or ``graph-warm`` (module docstring)."""
+    import gc
+
+    from engine.graph import ResolutionTooComplex, StoreGraph, check  # the measured checkout's
+
+    from bench_check import iter_tuples, read_checks
+
+    graph = StoreGraph()
+    graph.load(iter_tuples(dataset / "tuples.jsonl"))
+    checks = read_checks(dataset / "checks.jsonl")
+    gc.collect()
+    gc.freeze()
+    counter = ctypes.CDLL(library)
+    for measured in ((False, True) if target == "graph-warm" else (True,)):
+        if measured:
+            counter.start()
+        for o, r, u, want in checks:
+            try:
+                allowed = check(graph, object=o, relation=r, user=u).allowed
+            except ResolutionTooComplex:
+                allowed = None
+            if allowed is not want:
+                raise SystemExit(f"{target}: {o}#{r}@{u} answered {allowed}, want {want}")
+        if measured:
+            counter.stop()
 
 
 async def _measure(target: str, dataset: Path, requests: int, library: str) -> None:
@@ -94,6 +129,9 @@ async def _measure(target: str, dataset: Path, requests: int, library: str) -> N
 
 def _child(args: argparse.Namespace) -> int:
     sys.path[:0] = [str(Path(args.root).resolve()), str(HERE)]
+    if args.child.startswith("graph-"):
+        _measure_graph(args.child, args.dataset, args.library)
+        return 0
     import uvloop
 
     uvloop.run(_measure(args.child, args.dataset, args.requests, args.library))
@@ -120,17 +158,20 @@ def main() -> int:
         subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(source), "-o", str(library)],
                        check=True)
         print(f"{'target':<11} {'instructions/request':>21}   ({args.requests} requests, "
-              f"code of {args.root})")
+              f"graph targets: per check of the dataset; code of {args.root})")
+        checks = sum(1 for line in (args.dataset / "checks.jsonl").open("rb") if line.strip())
         for target in args.targets.split(","):
             out = Path(tmp) / f"{target}.out"
             subprocess.run(["valgrind", "--tool=callgrind", "--instr-atstart=no",
                             f"--callgrind-out-file={out}", sys.executable, __file__,
                             "--child", target, "--library", str(library), "--root", args.root,
                             "--dataset", str(args.dataset), "--requests", str(args.requests)],
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "PYTHONHASHSEED": "0"})
             total = sum(int(line.split()[1]) for dump in Path(tmp).glob(f"{target}.out*")
                         for line in dump.read_text().splitlines() if line.startswith("totals:"))
-            print(f"{target:<11} {total / args.requests:>21,.0f}", flush=True)
+            per = checks if target.startswith("graph-") else args.requests
+            print(f"{target:<11} {total / per:>21,.0f}", flush=True)
     return 0
 
 
