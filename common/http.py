@@ -478,8 +478,11 @@ class RouteMemo:
     resource's pattern in turn (a tenth of a single check's CPU, issue 12). What it finds is a
     function of the method and the path alone for the resources these apps register (plain and
     dynamic paths, no domain-matched sub-apps, which this refuses at construction), so a pair
-    seen once is answered from a dict: the same route, the same ``match_info`` values, a fresh
-    ``UrlMappingMatchInfo`` as ``Application._handle`` makes. Only found routes of the app itself
+    seen once is answered from a dict: the same route and ``match_info`` values, in one
+    ``UrlMappingMatchInfo`` made as ``Application._handle`` makes it (the app added, frozen) and
+    shared by the requests of that pair. Nothing writes to a frozen one once routing is done
+    (aiohttp's own writer, the ``current_app`` switch of ``_fix_request_current_app``, runs only
+    in an app with middlewares, which this refuses). Only found routes of the app itself
     are remembered (a 404 or 405 goes through aiohttp every time), and a request with
     ``Expect`` goes through aiohttp too (its expect handler). For an app without middlewares
     only: a remembered route calls its handler directly. Bounded by :data:`ROUTE_MEMO_ENTRIES`
@@ -495,7 +498,7 @@ class RouteMemo:
             raise ValueError("RouteMemo cannot remember routes that depend on the host")
         self._app = app
         self._handle = app._handle
-        self._routes: dict[tuple[str, str], tuple[web.AbstractRoute, dict[str, str]]] = {}
+        self._routes: dict[tuple[str, str], tuple[web.UrlMappingMatchInfo, Handler]] = {}
 
     async def __call__(self, request: web_request.BaseRequest) -> web.StreamResponse:
         request = cast(web.Request, request)  # the app's request factory makes them
@@ -508,14 +511,13 @@ class RouteMemo:
                     and match_info.apps == (self._app,) and len(key[1]) <= ROUTE_MEMO_PATH):
                 if len(self._routes) >= ROUTE_MEMO_ENTRIES:
                     self._routes.clear()
-                self._routes[key] = (match_info.route, dict(match_info))
+                shared = web.UrlMappingMatchInfo(dict(match_info), match_info.route)
+                shared.add_app(self._app)
+                shared.freeze()
+                self._routes[key] = (shared, match_info.route.handler)
             return response
-        route, values = hit
-        match_info = web.UrlMappingMatchInfo(values, route)
-        match_info.add_app(self._app)
-        match_info.freeze()
-        request._match_info = match_info  # as Application._handle does
-        return await route.handler(request)
+        request._match_info, handler = hit  # as Application._handle does
+        return await handler(request)
 
 
 class EnvelopeRunner(web.AppRunner):

@@ -104,6 +104,30 @@ async def test_remembered_routes_answer_as_aiohttp_does(
     assert len(served.resolved) == 1  # the second came from the memo
 
 
+async def test_a_remembered_route_shares_one_frozen_match_info(served: Served,
+                                                               http: ClientSession) -> None:
+    """The requests of one (method, path) share one match_info, made as aiohttp makes it (the
+    app added, frozen, so nothing can change it for the others); another path gets its own."""
+    seen: list[web.UrlMappingMatchInfo] = []
+
+    async def spy(request: web.Request) -> web.Response:
+        seen.append(request.match_info)  # type: ignore[arg-type]
+        assert request.app is served.app
+        return await _echo(request)
+
+    for route in served.app.router.routes():
+        if route.handler is _echo:
+            route._handler = spy  # type: ignore[attr-defined]
+    for path in ("/v1/users/user_1", "/v1/users/user_1", "/v1/users/user_1", "/v1/users/user_2"):
+        async with http.get(served.base + path) as r:
+            assert r.status == 200
+            assert orjson.loads(await r.read())["values"] == {"user_id": path.rsplit("/", 1)[1]}
+    assert seen[1] is seen[2] and seen[0] is not seen[1] and seen[3] is not seen[1]
+    assert seen[1] == {"user_id": "user_1"} and seen[1].apps == (served.app,)
+    with pytest.raises(RuntimeError):
+        seen[1].add_app(served.app)
+
+
 async def test_misses_are_aiohttps_every_time(served: Served,
                                               http: ClientSession) -> None:
     base = served.base
