@@ -268,12 +268,13 @@ def _one_each(values: MultiMapping[str], names: dict[str, str]) -> dict[str, str
     placed before a proxy's (a client's query, an appended header) replace it."""
     out: dict[str, str] = {}
     for field, name in names.items():
-        given = set(values.getall(name, ()))
-        if len(given) > 1:
+        given = values.getall(name, ())
+        if not given:
+            continue
+        if len(given) > 1 and len(set(given)) > 1:
             raise InvalidRequest.field(field, f"{name} given more than once with different "
                                               "values")
-        if given:
-            out[field] = given.pop()
+        out[field] = given[0]
     return out
 
 

@@ -878,6 +878,12 @@ def test_is_valid_tuple_remembers_each_part_for_its_own_role() -> None:
     assert is_valid_tuple("doc:1", "group:1#member", "user:1") is False
     assert is_valid_tuple("doc:1", "viewer", "viewer") is False  # a relation, no user
     assert is_valid_tuple("viewer", "viewer", "user:1") is False
+    # The validators share the memo, each for its own role too.
+    assert validate_user("group:2#member") == "group:2#member"
+    for validate, value in ((validate_object, "group:2#member"), (validate_relation, "doc:1"),
+                            (validate_user, "viewer"), (validate_object, "viewer")):
+        with pytest.raises(TupleFormatError):
+            validate(value)
     for bad in ({}, [], None, 1, {"a": 1}):
         assert is_valid_tuple(bad, "viewer", "user:1") is False
         assert is_valid_tuple("doc:1", bad, "user:1") is False
