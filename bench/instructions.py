@@ -66,8 +66,8 @@ def _measure_graph(target: str, dataset: Path, library: str) -> None:
     """In the process under valgrind: ``graph-cold`` or ``graph-warm`` (module docstring)."""
     import gc
 
-    from engine.graph import ResolutionTooComplex, StoreGraph, check  # the measured checkout's
-
+    # The measured checkout's graph first: bench_check puts this checkout on the path.
+    from engine.graph import ResolutionTooComplex, StoreGraph, check  # noqa: I001
     from bench_check import iter_tuples, read_checks
 
     graph = StoreGraph()
