@@ -64,11 +64,10 @@ def _fake_clock() -> None:
 
 def _measure_graph(target: str, dataset: Path, library: str) -> None:
     """In the process under valgrind: ``graph-cold`` or ``graph-warm`` (module docstring)."""
-    import gc
-
     # The measured checkout's graph first: bench_check puts this checkout on the path.
     from engine.graph import ResolutionTooComplex, StoreGraph, check  # noqa: I001
     from bench_check import iter_tuples, read_checks
+    import gc
 
     graph = StoreGraph()
     graph.load(iter_tuples(dataset / "tuples.jsonl"))
