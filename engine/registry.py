@@ -14,7 +14,10 @@ Life cycle of a :class:`StoreRegistry` (DESIGN.md "Two services, one product"):
    (at most one running per store; one more run if more arrived meanwhile); a notification for an
    unknown store loads it. A poll every ``poll_seconds`` (``SELECT id, project_id, revision FROM
    stores``) is the fallback: it catches up stores behind, loads new ones and forgets deleted
-   ones. A lost listener connection is reopened with backoff, followed by a full poll pass.
+   ones. A lost listener connection is reopened with backoff, followed by a full poll pass; one
+   that stopped answering without closing (a half-open TCP link: no FIN, no RST, as after a
+   network partition or a failover behind an address that stays) is found by a probe query
+   every ``listener_probe_seconds`` and counted as lost.
    While the engine cannot follow the log (its listener connection is lost, or a poll failed or
    did not answer within ``contact_timeout_seconds``), :attr:`StoreRegistry.stale` is true and
    checks say they are answered from memory; it turns false again after a poll succeeds with
@@ -177,8 +180,11 @@ class StoreRegistry:
     dedicated listener connection. ``poll_seconds`` is the fallback poll period (s);
     ``negative_ttl_seconds`` how long "no such store" is remembered (s); ``load_timeout_seconds``
     bounds one snapshot or store load (s); ``max_backoff_seconds`` caps the listener reconnect
-    backoff (s); ``contact_timeout_seconds`` how long a poll's first query may take before the
-    engine counts itself cut off from the log (s). ``freeze_gc`` moves everything alive after the
+    backoff (s); ``contact_timeout_seconds`` how long a poll's first query, or the listener's
+    probe, may take before the engine counts itself cut off from the log (s);
+    ``listener_probe_seconds`` how often the listener connection is asked ``SELECT 1`` (s,
+    default ``poll_seconds``), so that one which went silent is replaced within that period plus
+    ``contact_timeout_seconds``, not left deaf. ``freeze_gc`` moves everything alive after the
     snapshot into the interpreter's permanent GC generation (``gc.freeze()``, process-wide): the
     graphs hold no reference cycles and are still freed by reference counting, and a full
     collection no longer walks them (measured: about 65 ms per full collection with 1M tuples
@@ -195,6 +201,7 @@ class StoreRegistry:
         load_timeout_seconds: float = 3600.0,
         max_backoff_seconds: float = 5.0,
         contact_timeout_seconds: float = 5.0,
+        listener_probe_seconds: float | None = None,
         freeze_gc: bool = True,
         followers: Iterable[Follower] = (),
     ) -> None:
@@ -204,6 +211,8 @@ class StoreRegistry:
         self._load_timeout = load_timeout_seconds
         self._max_backoff = max_backoff_seconds
         self._contact_timeout = contact_timeout_seconds
+        self._probe_seconds = poll_seconds if listener_probe_seconds is None else (
+            listener_probe_seconds)
         self._freeze_gc = freeze_gc
         self._followers = tuple(followers)
         self._stores: dict[str, LoadedStore] = {}
@@ -351,6 +360,7 @@ class StoreRegistry:
         log.info("engine ready: %d stores in memory", len(self._stores))
         self._tasks.append(asyncio.create_task(self._poll_loop(), name="engine-poll"))
         self._tasks.append(asyncio.create_task(self._keep_listening(), name="engine-listen"))
+        self._tasks.append(asyncio.create_task(self._probe_loop(), name="engine-listen-probe"))
 
     async def _retry(self, what: str, step: Callable[[], Awaitable[None]]) -> None:
         backoff = 0.1
@@ -394,6 +404,28 @@ class StoreRegistry:
             # Notifications sent while nobody listened are gone: a full pass finds what they said.
             await self._retry("poll after reconnecting", self._poll_once)
             self._mark_fresh()
+
+    async def _probe_loop(self) -> None:
+        """Ask the listener a question every ``listener_probe_seconds``: a connection whose link
+        died without a word still says it is open (``is_closed()`` is false, no termination
+        callback runs) and would never hear a notification again, so tuple changes would wait
+        for the poll and key changes (``engine.keys``) for their five-minute reload. One that
+        does not answer within ``contact_timeout_seconds`` is counted as lost."""
+        while True:
+            await asyncio.sleep(self._probe_seconds)
+            listener = self._listener
+            if listener is None or listener.is_closed() or self._listener_lost.is_set():
+                continue  # gone already: _keep_listening is on it
+            try:
+                async with asyncio.timeout(self._contact_timeout):
+                    await listener.fetchval("SELECT 1")
+            except Exception as exc:  # TimeoutError, or the connection failed under the query
+                if listener is self._listener:
+                    log.warning("engine's LISTEN connection did not answer its probe (%s)",
+                                type(exc).__name__)
+                    self._mark_stale("its LISTEN connection stopped answering")
+                    self._listener_lost.set()
+                    listener.terminate()  # no goodbye over a link that cannot answer
 
     def _mark_stale(self, why: str) -> None:
         if not self.stale:

@@ -32,6 +32,7 @@ from engine.appkeys import STORES
 from engine.graph import check
 from engine.registry import LoadedStore, StoreRegistry
 from tests.fixtures.database import database_pool, migrated_database
+from tests.fixtures.pgproxy import pg_proxy
 
 PROJECT = "proj_engine_registry_tests"
 OTHER_PROJECT = "proj_engine_registry_other"
@@ -241,6 +242,38 @@ async def test_catch_up_after_listener_killed(pool: asyncpg.Pool, eng_db: str,
     assert after and not set(after) & set(before)
     revision = await write(pool, store_id, writes=[("doc:2", "viewer", "user:ann")])
     await until(lambda: store.revision >= revision, 1.0)
+
+
+async def test_a_listener_that_went_silent_is_replaced(pool: asyncpg.Pool, eng_db: str) -> None:
+    """A LISTEN connection whose link dies without a word (half-open: no FIN, no RST, as after a
+    network partition) still says it is open and would never hear a notification again. Its
+    probe query gets no answer within the contact timeout, so the engine reconnects, catches up
+    with a full poll pass and hears the next write: here well before the poll (an hour away)."""
+    async with pg_proxy(eng_db) as proxy:
+        registry = StoreRegistry(pool=pool, dsn=proxy.url(eng_db), poll_seconds=3600.0,
+                                 contact_timeout_seconds=0.5, listener_probe_seconds=0.2)
+        registry.start()
+        try:
+            assert await registry.wait_ready(30)
+            store_id = await create_store(pool)
+            await until(lambda: registry.peek(store_id) is not None, 2.0)
+            store = registry.peek(store_id)
+            assert store is not None
+            old = registry._listener
+            proxy.stall()
+            revision = await write(pool, store_id, writes=[("doc:1", "viewer", "user:ann")])
+            await asyncio.sleep(0.1)
+            assert store.revision < revision  # its notification went into the silent link
+            assert not old.is_closed()  # and the connection does not know
+            # Probe period + contact timeout, then a reconnect: no goodbye awaited on the dead link.
+            await until(lambda: store.revision >= revision, 2.0)
+            assert registry._listener is not old
+            assert allowed(store, "doc:1", "viewer", "user:ann")
+            await until(lambda: not registry.stale, 2.0)
+            revision = await write(pool, store_id, writes=[("doc:2", "viewer", "user:ann")])
+            await until(lambda: store.revision >= revision, 1.0)  # listening again
+        finally:
+            await registry.close()
 
 
 async def test_slow_listener_reconnect_is_kept(pool: asyncpg.Pool, make_registry: Factory,
