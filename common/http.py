@@ -482,7 +482,9 @@ class RouteMemo:
     ``UrlMappingMatchInfo`` made as ``Application._handle`` makes it (the app added, frozen) and
     shared by the requests of that pair. Nothing writes to a frozen one once routing is done
     (aiohttp's own writer, the ``current_app`` switch of ``_fix_request_current_app``, runs only
-    in an app with middlewares, which this refuses). Only found routes of the app itself
+    in an app with middlewares, which this refuses). A handler must not write to
+    ``request.match_info`` (a dict: no handler does); it would write to every later request of
+    that pair. Only found routes of the app itself
     are remembered (a 404 or 405 goes through aiohttp every time), and a request with
     ``Expect`` goes through aiohttp too (its expect handler). For an app without middlewares
     only: a remembered route calls its handler directly. Bounded by :data:`ROUTE_MEMO_ENTRIES`

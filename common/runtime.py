@@ -94,7 +94,9 @@ GC_THRESHOLDS: Final = (10_000, 10, 10)
 answered, so at 700 the collector ran several young passes per call, each walking the live
 request body and promoting it towards the old generations: 7.7% of the batch handler's time
 (issue 12's batch figures). At 10,000 no pass runs inside a call; what a pass walks is
-bounded by what a request allocates, and the loaded graphs are frozen (``gc.freeze``)."""
+bounded by what a request allocates, and the loaded graphs are frozen (``gc.freeze``). Read as
+CPython 3.11 to 3.13 read them (3.14's incremental collector gives the first number another
+meaning: measure again on a move to it)."""
 
 
 def run_app(app: web.Application, *, host: str, port: int, loop: asyncio.AbstractEventLoop,

@@ -61,6 +61,10 @@ __all__ = ["Follower", "LoadedStore", "StoreRegistry"]
 
 log = logging.getLogger("authio.engine.registry")
 
+PROBE_SECONDS_MAX: Final = 5.0
+"""The longest default period of the listener's probe (``SERVICE_ENGINE_POLL_SECONDS`` may be
+much longer: a silent listener would then go unnoticed for as long)."""
+
 _STORES_SQL: Final = "SELECT id, project_id, revision FROM stores"
 _STORE_SQL: Final = "SELECT project_id, revision FROM stores WHERE id = $1"
 # The node key "object#relation" is joined here, not per row in Python (StoreGraph.load_nodes).
@@ -183,8 +187,9 @@ class StoreRegistry:
     backoff (s); ``contact_timeout_seconds`` how long a poll's first query, or the listener's
     probe, may take before the engine counts itself cut off from the log (s);
     ``listener_probe_seconds`` how often the listener connection is asked ``SELECT 1`` (s,
-    default ``poll_seconds``), so that one which went silent is replaced within that period plus
-    ``contact_timeout_seconds``, not left deaf. ``freeze_gc`` moves everything alive after the
+    default ``poll_seconds``, at most :data:`PROBE_SECONDS_MAX` whatever the poll), so that one
+    which went silent is replaced within that period plus ``contact_timeout_seconds``, not left
+    deaf. ``freeze_gc`` moves everything alive after the
     snapshot into the interpreter's permanent GC generation (``gc.freeze()``, process-wide): the
     graphs hold no reference cycles and are still freed by reference counting, and a full
     collection no longer walks them (measured: about 65 ms per full collection with 1M tuples
@@ -211,8 +216,8 @@ class StoreRegistry:
         self._load_timeout = load_timeout_seconds
         self._max_backoff = max_backoff_seconds
         self._contact_timeout = contact_timeout_seconds
-        self._probe_seconds = poll_seconds if listener_probe_seconds is None else (
-            listener_probe_seconds)
+        self._probe_seconds = min(poll_seconds, PROBE_SECONDS_MAX) if (
+            listener_probe_seconds is None) else listener_probe_seconds
         self._freeze_gc = freeze_gc
         self._followers = tuple(followers)
         self._stores: dict[str, LoadedStore] = {}

@@ -169,9 +169,11 @@ class StoreGraph:
         operation less per row).
 
         ``distinct=True`` is the caller's promise that no pair repeats and none is held yet (a
-        snapshot of the ``tuples`` table, whose primary key is the tuple, into a new graph): the
-        scan of a user's nodes for the pair is skipped, a tenth of a big load's time. A broken
-        promise leaves a duplicate entry and a count one too high, not a wrong answer."""
+        snapshot of the ``tuples`` table into a new graph: its primary key is the tuple, and its
+        constraints keep ``#`` out of objects and relations, so ``object#relation`` joins no two
+        rows into one pair): the scan of a user's nodes for the pair is skipped, a tenth of a big
+        load's time. The promise must hold: a repeated userset pair would be stored twice, and
+        removing the tuple would then leave one of its edges behind."""
         with gc_paused():
             self._insert(pairs, distinct)
 
