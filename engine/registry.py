@@ -129,7 +129,8 @@ class _CopySink:
     Rows are fed straight into ``graphs[store_id].load_nodes`` chunk by chunk, so the whole table
     is never held in memory twice. Rows of a store absent from ``graphs`` are ignored (cannot
     happen inside one snapshot: ``tuples.store_id`` references ``stores``). The graphs must be
-    new: the rows of one snapshot are distinct (the table's primary key is the tuple), which
+    new: the rows of one snapshot are distinct pairs (the table's primary key is the tuple, and
+    its constraints keep ``#`` out of objects and relations: migration 0008), which
     ``load_nodes(..., distinct=True)`` takes on trust.
     """
 
