@@ -10,11 +10,11 @@ services). It installs packages, creates system users and starts servers, none o
 in a production process.
 """
 
+from devtools.apt import apt_install
+from devtools.errors import DevServicesError
 from devtools.services import (
     DATABASE_NAME,
-    DevServicesError,
     ServiceUrls,
-    apt_install,
     ensure_services,
     remove_private,
     restart_private_pg,

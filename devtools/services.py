@@ -101,11 +101,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from devtools.apt import apt_install
+from devtools.errors import DevServicesError
+
 __all__ = [
     "DATABASE_NAME",
     "DevServicesError",
     "ServiceUrls",
-    "apt_install",
     "ensure_services",
     "main",
     "private_instances_hint",
@@ -136,10 +138,6 @@ PG_MARKER = "# --- authio devtools: private development cluster ---"
 
 _T = TypeVar("_T")
 Log = Callable[[str], None]
-
-
-class DevServicesError(RuntimeError):
-    """A service cannot be provided; the message says why and what to do about it."""
 
 
 @dataclass(frozen=True)
@@ -824,42 +822,6 @@ def _find_pg_bindir(data_dir: Path | None) -> Path | None:
     return None
 
 
-def apt_install(packages: list[str], *, log: Log, unable: str) -> None:
-    """Install the Debian ``packages`` (``apt-get update``, then ``apt-get install -y``,
-    noninteractive, waiting up to 10 minutes for another apt to finish; apt's chatter goes to
-    standard error, since standard output may be captured as shell code by ``ensure``).
-
-    Raises :class:`DevServicesError` when apt-get fails, or with ``unable`` (formatted with
-    ``why`` and ``wanted``) when installing is impossible here: not root, or no apt-get.
-    """
-    wanted = " ".join(packages)
-    apt_get = shutil.which("apt-get")
-    if os.geteuid() != 0 or apt_get is None:
-        why = "not running as root" if os.geteuid() != 0 else "apt-get is not available"
-        raise DevServicesError(unable.format(why=why, wanted=wanted))
-    log(f"devtools: installing {wanted} with apt-get (this can take a minute)")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (
-        [apt_get, "update"],
-        [apt_get, "install", "-y", "--no-install-recommends", "-o", "DPkg::Lock::Timeout=600",
-         *packages],
-    ):
-        try:
-            status = subprocess.run(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=2,
-                stderr=2,
-                env=env,
-                timeout=1800,
-                check=False,
-            ).returncode
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise DevServicesError(f"{shlex.join(cmd)} failed: {exc}") from exc
-        if status != 0:
-            raise DevServicesError(f"{shlex.join(cmd)} failed with exit status {status}")
-
-
 def _install_missing(*, need_pg: bool, need_redis: bool, run_dir: Path, log: Log) -> None:
     """Install the Debian packages for the servers about to be started when their binaries are
     missing (one ``apt-get`` run). Raises :class:`DevServicesError` when that is not possible."""
@@ -876,6 +838,7 @@ def _install_missing(*, need_pg: bool, need_redis: bool, run_dir: Path, log: Log
         packages.append("redis-server")
     if not packages:
         return
+    log(f"devtools: installing {' '.join(packages)} with apt-get (once per machine)")
     apt_install(packages, log=log, unable=(
         "server binaries missing and cannot install them ({why}): install the packages "
         "{wanted} (Debian: sudo apt-get install --no-install-recommends {wanted}), or set DATABASE_URL / REDIS_URL "
