@@ -1,12 +1,14 @@
 """The OAuth peers of the tests: a real OpenID Connect provider, and small stand-ins for the two
 providers that have no offline peer.
 
-* :func:`oidc_provider`: the npm package ``oidc-provider`` (panva's certified OpenID Provider),
-  installed by the tests into ``.run/peers/oidc-provider`` (gitignored) with Debian's ``nodejs``
-  and ``npm`` installed first when missing (``devtools.apt_install``, as the browser tests install
-  Chromium), started on a free port with a config this module writes: one confidential client
-  (``client_secret_basic``) with the test service's callback URLs, PKCE required, the claims
-  ``email``/``email_verified``/``name`` in the ID token, and a non-interactive login: the test
+* :func:`oidc_provider`: the npm package ``oidc-provider`` (panva's certified OpenID Provider,
+  version and why in :data:`OIDC_PROVIDER_VERSION`), installed by the tests from
+  ``oidc_peer/package-lock.json`` into ``.run/peers/oidc-provider`` (gitignored) with Debian's
+  ``nodejs`` and ``npm`` installed first when missing (``tests.fixtures.installs``, as the
+  browser tests install Chromium), and started (``oidc_peer/server.mjs``) on a free port with a
+  config this module writes: one confidential client (``client_secret_basic``) with the test
+  service's callback URLs, PKCE required, the claims ``email``/``email_verified``/``name`` in
+  the ID token, and a non-interactive login: the test
   registers an account (``POST /_accounts``) and opens ``/interaction/{uid}?account=<id>``, which
   logs that account in and grants the requested scopes (``interactionFinished``).
 * :class:`TokenProxy`: an aiohttp reverse proxy in front of the provider, whose URL is the
@@ -30,7 +32,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -44,133 +45,65 @@ from aiohttp import ClientSession, web
 from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
-from devtools import DevServicesError, apt_install
-from tests.fixtures.browser import tell
+from devtools import DevServicesError
+from tests.fixtures.installs import debian_packages, tell
 from tests.fixtures.service import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
+PEER_SOURCE = Path(__file__).resolve().parent / "oidc_peer"
 PEER_DIR = ROOT / ".run" / "peers" / "oidc-provider"
-OIDC_PROVIDER_VERSION = "9.13.3"
+OIDC_PROVIDER_VERSION = json.loads((PEER_SOURCE / "package.json").read_text())["dependencies"]["oidc-provider"]
+"""Why 8.8.1, the last release of the 8.x line: it supports Node.js 18 LTS and every later LTS
+(its own start-up check asks for "v18.x LTS, or a later LTS release"), and Debian 12, the
+README's platform, installs Node.js 18.20. The 9.x line needs ``URL.parse`` (Node.js 20.18 or
+22) and fails at start on Debian's Node. One release for every Node the tests meet (18, 20, 22
+and 24 were tried) keeps the peer the same everywhere; ``package-lock.json`` beside it pins
+every package it pulls in, each of which declares Node.js 18 or older as enough."""
+MIN_NODE_MAJOR = 18
 _LOCK = Path(tempfile.gettempdir()) / "authio-oidc-provider-install.lock"
 CLIENT_ID = "authio-test"
 CLIENT_SECRET = "test-secret-" + "x" * 32
 
-_SERVER_JS = r"""
-import http from 'node:http';
-import Provider from 'oidc-provider';
-
-const cfg = JSON.parse(process.env.PEER_CONFIG);
-const accounts = new Map();
-
-// oidc-provider's own memory adapter is an LRU of 1,000 entries: a bench that prepares
-// thousands of authorizations would lose codes before redeeming them. This one keeps all
-// (the process lives as long as a test run).
-const store = new Map();
-const byGrant = new Map();
-class Adapter {
-  constructor(name) { this.name = name; }
-  key(id) { return `${this.name}:${id}`; }
-  async upsert(id, payload) {
-    store.set(this.key(id), payload);
-    if (payload.uid) store.set(`${this.name}:uid:${payload.uid}`, id);
-    if (payload.userCode) store.set(`${this.name}:userCode:${payload.userCode}`, id);
-    if (payload.grantId) {
-      if (!byGrant.has(payload.grantId)) byGrant.set(payload.grantId, new Set());
-      byGrant.get(payload.grantId).add(this.key(id));
-    }
-  }
-  async find(id) { return store.get(this.key(id)); }
-  async findByUid(uid) { const id = store.get(`${this.name}:uid:${uid}`); return id && this.find(id); }
-  async findByUserCode(code) { const id = store.get(`${this.name}:userCode:${code}`); return id && this.find(id); }
-  async consume(id) { const p = store.get(this.key(id)); if (p) p.consumed = Math.floor(Date.now() / 1000); }
-  async destroy(id) { store.delete(this.key(id)); }
-  async revokeByGrantId(grantId) {
-    for (const key of byGrant.get(grantId) || []) store.delete(key);
-    byGrant.delete(grantId);
-  }
-}
-
-const provider = new Provider(cfg.issuer, {
-  adapter: Adapter,
-  clients: cfg.clients,
-  jwks: cfg.jwks,
-  cookies: { keys: [cfg.cookieKey] },
-  pkce: { required: () => true },
-  ttl: { AuthorizationCode: 600 },
-  claims: { openid: ['sub'], email: ['email', 'email_verified'], profile: ['name'] },
-  conformIdTokenClaims: false,
-  features: { devInteractions: { enabled: false } },
-  interactions: { url: (ctx, interaction) => `/interaction/${interaction.uid}` },
-  findAccount: async (ctx, id) => ({
-    accountId: id,
-    claims: async () => ({ sub: id, ...(accounts.get(id) || {}) }),
-  }),
-});
-const callback = provider.callback();
-
-async function body(req) {
-  const chunks = [];
-  for await (const chunk of req) chunks.push(chunk);
-  return JSON.parse(Buffer.concat(chunks).toString() || '{}');
-}
-
-http.createServer(async (req, res) => {
-  try {
-    const url = new URL(req.url, cfg.issuer);
-    if (req.method === 'POST' && url.pathname === '/_accounts') {
-      const account = await body(req);
-      accounts.set(account.id, account.claims || {});
-      res.writeHead(204).end();
-      return;
-    }
-    if (url.pathname.startsWith('/interaction/')) {
-      const details = await provider.interactionDetails(req, res);
-      const accountId = url.searchParams.get('account');
-      const grant = new provider.Grant({ accountId, clientId: details.params.client_id });
-      grant.addOIDCScope(details.params.scope);
-      const grantId = await grant.save();
-      await provider.interactionFinished(req, res, { login: { accountId }, consent: { grantId } },
-                                         { mergeWithLastSubmission: false });
-      return;
-    }
-    callback(req, res);
-  } catch (err) {
-    res.writeHead(500, { 'content-type': 'text/plain' }).end(String(err && err.stack));
-  }
-}).listen(cfg.port, '127.0.0.1', () => console.log('ready'));
-"""
-
-
 
 def ensure_node() -> str:
-    """The path of ``node``, installing Debian's ``nodejs`` and ``npm`` when missing."""
-    if shutil.which("node") and shutil.which("npm"):
-        return str(shutil.which("node"))
-    tell("oauth tests: installing nodejs and npm with apt-get (once per machine)")
-    apt_install(["nodejs", "npm"], log=lambda line: print(line, file=sys.stderr, flush=True),
-                unable=("the OAuth tests need node and npm and cannot install them ({why}): "
-                        "install the packages {wanted}"))
-    node = shutil.which("node")
-    if node is None:
-        raise DevServicesError("installed nodejs but node is missing")
+    """The path of ``node``, with Debian's ``nodejs`` and ``npm`` installed when either is
+    missing. Raises :class:`devtools.DevServicesError` when they cannot be installed, or when
+    the Node.js found is older than :data:`MIN_NODE_MAJOR`."""
+    debian_packages(["nodejs", "npm"], present=lambda: bool(shutil.which("node") and shutil.which("npm")),
+                    needed_by="the OAuth tests")
+    node = str(shutil.which("node"))
+    version = subprocess.run([node, "--version"], capture_output=True, text=True, check=False,
+                             timeout=30).stdout.strip()
+    major = version.removeprefix("v").split(".")[0]
+    if not major.isdigit() or int(major) < MIN_NODE_MAJOR:
+        raise DevServicesError(
+            f"the OAuth tests run oidc-provider {OIDC_PROVIDER_VERSION}, which needs Node.js "
+            f"{MIN_NODE_MAJOR} or later; {node} is {version or 'of no known version'}: install "
+            f"a newer nodejs (Debian 12's is 18)")
     return node
 
 
 def ensure_oidc_provider() -> Path:
-    """``.run/peers/oidc-provider`` with ``oidc-provider`` installed (npm, once)."""
+    """:data:`PEER_DIR` with ``oidc_peer/``'s ``server.mjs`` and the packages of its
+    ``package-lock.json`` installed (``npm ci``, again only when the lock file changes)."""
     ensure_node()
-    marker = PEER_DIR / "node_modules" / "oidc-provider" / "package.json"
+    lock_file = (PEER_SOURCE / "package-lock.json").read_bytes()
+    marker = PEER_DIR / ".installed"
+    wanted = hashlib.sha256(lock_file).hexdigest()
     with open(_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (marker.exists() and json.loads(marker.read_text())["version"] == OIDC_PROVIDER_VERSION):
+        if not (marker.exists() and marker.read_text() == wanted):
             PEER_DIR.mkdir(parents=True, exist_ok=True)
-            (PEER_DIR / "package.json").write_text(json.dumps(
-                {"name": "authio-test-oidc-peer", "private": True, "type": "module"}))
-            tell(f"oauth tests: npm install oidc-provider@{OIDC_PROVIDER_VERSION} into {PEER_DIR}")
-            subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--silent",
-                            f"oidc-provider@{OIDC_PROVIDER_VERSION}"], cwd=PEER_DIR, check=True,
-                           stdin=subprocess.DEVNULL, stdout=2, stderr=2, timeout=600)
-        (PEER_DIR / "server.mjs").write_text(_SERVER_JS)
+            marker.unlink(missing_ok=True)
+            for name in ("package.json", "package-lock.json"):
+                shutil.copyfile(PEER_SOURCE / name, PEER_DIR / name)
+            tell(f"oauth tests: npm ci (oidc-provider {OIDC_PROVIDER_VERSION}) in {PEER_DIR}")
+            began = time.monotonic()
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=PEER_DIR,
+                           check=True, stdin=subprocess.DEVNULL, stdout=2, stderr=2, timeout=600)
+            marker.write_text(wanted)
+            tell(f"oauth tests: oidc-provider installed in {time.monotonic() - began:.0f} s")
+        shutil.copyfile(PEER_SOURCE / "server.mjs", PEER_DIR / "server.mjs")
     return PEER_DIR
 
 
