@@ -14,6 +14,18 @@ venv=${2:?usage: bootstrap.sh PYTHON VENV}
 
 step() { printf 'setup: %s\n' "$*"; }
 fail() { printf 'setup: FAILED: %s\n' "$*" >&2; exit 1; }
+# with_heartbeat WHAT CMD...: runs CMD (in the foreground: Ctrl-C reaches it) and returns its
+# status; meanwhile (pip -q says nothing for a minute) a line every 15 s says it is still WHAT.
+with_heartbeat() {
+  local what=$1 status beat; shift
+  ( t=0; while sleep 15; do t=$((t + 15)); step "still $what ($t s)"; done ) &
+  beat=$!
+  trap 'kill "$beat" 2>/dev/null' EXIT
+  "$@"; status=$?
+  kill "$beat" 2>/dev/null; wait "$beat" 2>/dev/null
+  trap - EXIT
+  return "$status"
+}
 
 if ! command -v "$python" >/dev/null 2>&1; then
   fail "authio needs Python 3.11 or newer, and '$python' is not installed.
@@ -55,8 +67,10 @@ step "upgrading pip in $venv"
   PIP_INDEX_URL sets a mirror)"
 
 step "installing authio and its development dependencies into $venv (versions from constraints.txt; a minute or two the first time)"
-"$venv/bin/python" -m pip install -q -c constraints.txt -e '.[dev]' ||
+began=$SECONDS
+with_heartbeat "installing into $venv" "$venv/bin/python" -m pip install -q -c constraints.txt -e '.[dev]' ||
   fail "installing authio into $venv (see pip's messages above)"
+step "installed into $venv in $((SECONDS - began)) s"
 
 touch "$venv/.installed" || fail "writing $venv/.installed"
 step "$venv is ready"
