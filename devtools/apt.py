@@ -59,7 +59,7 @@ class AptProgress:
         self.log, self.heartbeat_s, self.clock = log, heartbeat_s, clock
         self.started = self.said = clock()
         self.phase = ""
-        self.done = 0
+        self.done: dict[str, int] = {}  # packages through each phase so far
         self.total: int | None = None  # packages to install, once apt-get has said
         self.size = ""  # what it has to download, as apt-get wrote it ("95.3 MB")
 
@@ -80,12 +80,13 @@ class AptProgress:
             return
         for prefix, phase in _PHASES:
             if line.startswith(prefix):
-                if phase != self.phase:
-                    self.phase, self.done = phase, 0
-                    if self.total is not None:  # the package lists' downloads are not said
-                        size = f", {self.size}" if phase == "downloading" and self.size else ""
-                        self.say(f"{phase} {self.total} packages{size}")
-                self.done += 1
+                # dpkg unpacks and sets up a long list in several rounds: each phase is said
+                # the first time only, and counted across rounds.
+                if phase not in self.done and self.total is not None:
+                    size = f", {self.size}" if phase == "downloading" and self.size else ""
+                    self.say(f"{phase} {self.total} packages{size}")
+                self.phase = phase
+                self.done[phase] = self.done.get(phase, 0) + 1
                 return
 
     def beat(self) -> None:
@@ -95,9 +96,9 @@ class AptProgress:
             return
         elapsed = f"{now - self.started:.0f} s"
         if self.total is not None and self.phase:
-            self.say(f"{self.phase}, {self.done} of {self.total} packages, {elapsed}")
+            self.say(f"{self.phase}, {self.done[self.phase]} of {self.total} packages, {elapsed}")
         elif self.phase == "downloading":
-            self.say(f"still working, {self.done} package lists fetched, {elapsed}")
+            self.say(f"still working, {self.done[self.phase]} package lists fetched, {elapsed}")
         else:
             self.say(f"still working, {elapsed}")
 

@@ -106,6 +106,24 @@ def test_a_quiet_phase_is_reported_every_heartbeat_with_how_far_it_got() -> None
     assert said[-1] == "apt-get: unpacking, 2 of 3 packages, 31 s"
 
 
+def test_rounds_of_unpacking_and_setting_up_are_said_once_and_counted_across() -> None:
+    """dpkg takes a long list in rounds (Debian 12's chromium: unpack 140, set up, unpack the
+    rest, set up): each phase is said once, and the heartbeat counts every round."""
+    said: list[str] = []
+    clock = Clock()
+    progress = AptProgress(said.append, heartbeat_s=15, clock=clock)
+    progress.feed("0 upgraded, 4 newly installed, 0 to remove and 0 not upgraded.")
+    for line in ("Unpacking a (1) ...", "Unpacking b (1) ...", "Setting up a (1) ...",
+                 "Setting up b (1) ...", "Unpacking c (1) ..."):
+        progress.feed(line)
+    clock.now += 15
+    progress.beat()
+    progress.feed("Unpacking d (1) ...")
+    progress.feed("Setting up c (1) ...")
+    assert said == ["apt-get: unpacking 4 packages", "apt-get: setting up 4 packages",
+                    "apt-get: unpacking, 3 of 4 packages, 15 s"]
+
+
 def test_upgrades_count_and_an_empty_install_says_so() -> None:
     said: list[str] = []
     progress = AptProgress(said.append, clock=Clock())

@@ -97,12 +97,12 @@ def ensure_oidc_provider() -> Path:
             marker.unlink(missing_ok=True)
             for name in ("package.json", "package-lock.json"):
                 shutil.copyfile(PEER_SOURCE / name, PEER_DIR / name)
-            tell(f"oauth tests: npm ci (oidc-provider {OIDC_PROVIDER_VERSION}) in {PEER_DIR}")
+            tell(f"the OAuth tests: npm ci (oidc-provider {OIDC_PROVIDER_VERSION}) in {PEER_DIR}")
             began = time.monotonic()
             subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=PEER_DIR,
                            check=True, stdin=subprocess.DEVNULL, stdout=2, stderr=2, timeout=600)
             marker.write_text(wanted)
-            tell(f"oauth tests: oidc-provider installed in {time.monotonic() - began:.0f} s")
+            tell(f"the OAuth tests: npm ci: done in {time.monotonic() - began:.0f} s")
         shutil.copyfile(PEER_SOURCE / "server.mjs", PEER_DIR / "server.mjs")
     return PEER_DIR
 
