@@ -204,6 +204,10 @@ class Params:
         n = self._names.setdefault(name, len(self._names) + 1)
         return f"${n}"
 
+    def __contains__(self, name: object) -> bool:
+        """Whether the statement uses the named parameter ``name``."""
+        return name in self._names
+
     def copy(self) -> Params:
         """Another allocator holding the same values so far: the shared start of statements
         that go on differently."""

@@ -332,3 +332,22 @@ class IdentityConflict(ServiceError):
     code, status, default_message = (
         "identity_conflict", 409,
         "A user with this e-mail exists, and the provider does not say the address is verified.")
+
+
+class BlockedByRiskPolicy(ServiceError):
+    """A sign-in whose risk score is at or above the project's ``threshold_block`` (SPEC.md 5.5):
+    no session, no cookie. ``details.decision_id`` names the decision an operator reads
+    (``GET /v1/risk/decisions/{id}``)."""
+
+    code, status, default_message = (
+        "blocked_by_risk_policy", 403, "This sign-in was blocked by the project's risk policy.")
+
+
+class StepUpRequired(ServiceError):
+    """A sign-in whose risk score is at or above ``threshold_challenge``: no session until a
+    step-up satisfies ``details.challenge_id`` (a fresh passkey assertion or a step-up magic
+    link of the same user, within ``details.expires_in`` seconds; ``details.methods`` lists the
+    step-ups this user can take)."""
+
+    code, status, default_message = (
+        "step_up_required", 401, "This sign-in needs a step-up: confirm it with a passkey or a link.")

@@ -145,6 +145,26 @@ class Settings(BaseSettings):
         10.0, validation_alias=_env("SERVICE_OAUTH_HTTP_TIMEOUT_SECONDS"))
     oauth_discovery_cache_seconds: Annotated[float, Field(ge=0, le=86_400)] = Field(
         3600.0, validation_alias=_env("SERVICE_OAUTH_DISCOVERY_CACHE_SECONDS"))
+    # The risk engine (issue 19; DESIGN.md "risk"). ``risk_engine=off`` signs in without scoring.
+    risk_engine: Literal["on", "off"] = Field("on", validation_alias=_env("SERVICE_RISK_ENGINE"))
+    geoip_database: str | None = Field(None, validation_alias=_env("SERVICE_GEOIP_DATABASE"))
+    risk_blocked_networks: str = Field("", validation_alias=_env("SERVICE_RISK_BLOCKED_NETWORKS"))
+    risk_velocity_window_seconds: Annotated[int, Field(ge=10, le=86_400)] = Field(
+        600, validation_alias=_env("SERVICE_RISK_VELOCITY_WINDOW_SECONDS"))
+    risk_ip_attempts: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        30, validation_alias=_env("SERVICE_RISK_IP_ATTEMPTS"))
+    risk_destination_attempts: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        10, validation_alias=_env("SERVICE_RISK_DESTINATION_ATTEMPTS"))
+    risk_failed_attempts: Annotated[int, Field(ge=1, le=1000)] = Field(
+        3, validation_alias=_env("SERVICE_RISK_FAILED_ATTEMPTS"))
+    risk_failed_window_seconds: Annotated[int, Field(ge=10, le=86_400)] = Field(
+        900, validation_alias=_env("SERVICE_RISK_FAILED_WINDOW_SECONDS"))
+    risk_travel_max_kmh: Annotated[float, Field(gt=0, le=100_000)] = Field(
+        1000.0, validation_alias=_env("SERVICE_RISK_TRAVEL_MAX_KMH"))
+    risk_travel_min_km: Annotated[float, Field(ge=0, le=20_100)] = Field(
+        500.0, validation_alias=_env("SERVICE_RISK_TRAVEL_MIN_KM"))
+    step_up_ttl_seconds: Annotated[int, Field(ge=30, le=3600)] = Field(
+        300, validation_alias=_env("SERVICE_STEP_UP_TTL_SECONDS"))
     # Message delivery: the outbox worker and its sinks.
     email_sink: Literal["console", "smtp"] = Field("console", validation_alias=_env("SERVICE_EMAIL_SINK"))
     smtp_host: str | None = Field(None, validation_alias=_env("SERVICE_SMTP_HOST"))
@@ -300,7 +320,24 @@ class Settings(BaseSettings):
             return None
         return v.strip() or None
 
-    @field_validator("trusted_proxies")
+    @field_validator("geoip_database")
+    @classmethod
+    def _geoip_database(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        import maxminddb
+
+        try:
+            with maxminddb.open_database(v) as reader:
+                kind = reader.metadata().database_type
+        except (OSError, ValueError, maxminddb.InvalidDatabaseError) as exc:
+            raise ValueError(f"cannot open {v!r} as a MaxMind database: {exc}") from None
+        if "City" not in kind:
+            raise ValueError(f"{v!r} is a {kind!r} database; the geo signals need a City database "
+                             "(GeoLite2-City, GeoIP2-City or one of that layout)")
+        return v
+
+    @field_validator("trusted_proxies", "risk_blocked_networks")
     @classmethod
     def _networks(cls, v: str) -> str:
         for part in filter(None, (p.strip() for p in v.split(","))):
@@ -315,6 +352,12 @@ class Settings(BaseSettings):
         """``SERVICE_TRUSTED_PROXIES`` parsed: the proxies whose ``X-Forwarded-For`` we believe."""
         return tuple(ipaddress.ip_network(p.strip(), strict=False)
                      for p in self.trusted_proxies.split(",") if p.strip())
+
+    @property
+    def risk_blocked_network_list(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        """``SERVICE_RISK_BLOCKED_NETWORKS`` parsed: the known-bad networks of the risk engine."""
+        return tuple(ipaddress.ip_network(p.strip(), strict=False)
+                     for p in self.risk_blocked_networks.split(",") if p.strip())
 
     @field_validator("database_url")
     @classmethod

@@ -30,6 +30,7 @@ from control_plane.appkeys import (
     MAILBOX,
     OAUTH,
     OPENAPI,
+    RISK,
     SEND_LIMITS,
     TOKENS,
 )
@@ -49,6 +50,9 @@ from control_plane.oauth.protocol import OAuthClient
 from control_plane.organizations import endpoints as organizations
 from control_plane.passkeys import endpoints as passkeys
 from control_plane.passkeys import tasks as passkey_tasks
+from control_plane.risk import endpoints as risk
+from control_plane.risk import tasks as risk_tasks
+from control_plane.risk.service import RiskEngine
 from control_plane.sessions import endpoints as sessions
 from control_plane.sessions import tasks as session_tasks
 from control_plane.sessions.tokens import TokenService
@@ -70,11 +74,12 @@ DESCRIPTION: Final = (
 )
 ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.routes,
                  sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
-                 signing_keys.routes,
+                 risk.routes, signing_keys.routes,
                  audit.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
     session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,
+    risk_tasks.workers,
 )
 meta_routes = RouteTable("meta", "This document.")
 
@@ -135,10 +140,13 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         per_ip=limits.limit("magic_link_ip", settings.magic_link_rate_per_ip),
     )
     app[OAUTH] = OAuthClient(settings)
+    app[RISK] = RiskEngine(settings, app[REDIS])
+    await app[RISK].start()
     try:
         yield
     finally:
         await app[OAUTH].close()
+        app[RISK].close()
 
 
 async def _workers(app: web.Application) -> AsyncIterator[None]:

@@ -13,6 +13,7 @@ from control_plane.kms import LocalKms
 from control_plane.magic_links.service import SendLimits
 from control_plane.messages.senders import ConsoleSink
 from control_plane.oauth.protocol import OAuthClient
+from control_plane.risk.service import RiskEngine
 from control_plane.sessions.tokens import TokenService
 from control_plane.signing_keys.service import Keyring
 
@@ -29,6 +30,9 @@ SEND_LIMITS: Final = web.AppKey("send_limits", SendLimits)
 OAUTH: Final = web.AppKey("oauth", OAuthClient)
 """HTTP to OAuth providers, with their discovery documents and JWKS cached
 (``control_plane.oauth.protocol``)."""
+RISK: Final = web.AppKey("risk", RiskEngine)
+"""The risk engine: its limits, the GeoIP database, the attempt counters in Redis
+(``control_plane.risk.service``)."""
 MAILBOX: Final = web.AppKey("dev_mailbox", ConsoleSink)
 """The console message sink, present when a channel uses it (the development mailbox)."""
 OPENAPI: Final = web.AppKey("openapi_document", bytes)

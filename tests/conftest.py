@@ -59,7 +59,8 @@ class _CollectionProgress:
 
     def finish(self, count: int) -> None:
         self.done.set()
-        tell(f"tests: {count} tests collected in {time.monotonic() - self.began:.0f} s, running them")
+        tell(f"tests: {count} test{'' if count == 1 else 's'} collected in "
+             f"{time.monotonic() - self.began:.0f} s, running them")
 
 
 _progress: _CollectionProgress | None = None

@@ -182,6 +182,11 @@ async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
         "client_id": "fuzz", "client_secret": "fuzz-secret",
         "redirect_uris": ["https://app.example.com/"]})
     assert r.status in (200, 201), r.body
+    # A risk decision: a sign-in's (the listing is newest first).
+    await sign_in(project, email())
+    r = await api.get("/v1/risk/decisions?limit=1")
+    assert r.status == 200 and r.body["data"], r.body
+    ids["decision_id"] = r.body["data"][0]["id"]
     if passkey:  # the user's, registered after signing in (the enrollment link came first)
         await configure_passkeys(project)  # again: a fuzzed PATCH /v1/projects/me changes it
         signed_in = await sign_in(project, address, count=2)
@@ -278,11 +283,15 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
      "both: JSON Schema bounds and deduplicates each array alone",
      lambda case, r: bool(refused_fields(r)) and all(
          m.startswith("repeats ") or "tuples in all" in m for _, m in refused_fields(r))),
+    ("a risk policy's threshold_block must be above its threshold_challenge: two fields, "
+     "compared",
+     lambda case, r: refused_fields(r) == [("threshold_block",
+                                            "must be greater than threshold_challenge")]),
     ("a passkey relying party's origins must be on its rp_id: two fields, compared",
      lambda case, r: bool(refused_fields(r)) and all(
          f == "webauthn.origins" and "or a subdomain of it" in m for f, m in refused_fields(r))),
-    ("a WebAuthn response whose challenge was never issued, or that does not verify: the state "
-     "of a ceremony and a signature, as 404 is for an id",
+    ("a WebAuthn response or a step-up whose challenge was never issued, or that does not "
+     "verify: the state of a ceremony and a signature, as 404 is for an id",
      lambda case, r: error_code(r) in ("unknown_or_expired_challenge", "verification_failed")),
     ("an Idempotency-Key already used with other tuples: the state of a key, as 404 is for an "
      "id (generated keys repeat across cases)",

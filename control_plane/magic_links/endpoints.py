@@ -4,12 +4,13 @@ the page posts (SPEC.md 3, 4, 5, 7)."""
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Final
+from typing import Annotated, Final
 
 from aiohttp import web
 from pydantic import Field
 
 from common.errors import (
+    BlockedByRiskPolicy,
     InvalidDestination,
     InvalidEmail,
     InvitationNotFound,
@@ -17,20 +18,22 @@ from common.errors import (
     NoSession,
     RateLimited,
     ServiceUnavailable,
+    StepUpRequired,
     TokenConsumed,
     TokenExpired,
     TokenInvalidOrExpired,
+    UnknownOrExpiredChallenge,
     UserNotFound,
 )
 from common.routing import Reply, RouteTable
 from common.schemas import QueryModel
-from control_plane.appkeys import KMS, SEND_LIMITS, TOKENS
+from control_plane.appkeys import KMS, RISK, SEND_LIMITS, TOKENS
 from control_plane.magic_links import service, signin
 from control_plane.magic_links.schemas import SendBody, Sent, VerifyBody
 from control_plane.sessions import service as sessions
 from control_plane.sessions.schemas import Grant
 from control_plane.web import auth
-from control_plane.web.actor import Call
+from control_plane.web.actor import Call, client_device
 from control_plane.web.endpoint import endpoint
 from control_plane.web.pages import page
 from control_plane.web.public_project import HEADER as PROJECT_HEADER
@@ -59,30 +62,28 @@ async def post_magic_link_send(call: Call, body: SendBody) -> web.Response:
     return call.reply(sent)
 
 
-def _device(request: web.Request) -> dict[str, Any]:
-    """What the client says about its device: the User-Agent and the User-Agent Client Hints
-    (RFC 8942) it sent, verbatim; the risk engine scores these."""
-    h = request.headers
-    hints = {"platform": h.get("Sec-CH-UA-Platform"), "mobile": h.get("Sec-CH-UA-Mobile"),
-             "brands": h.get("Sec-CH-UA")}
-    return {"user_agent": h.get("User-Agent"), **{k: v for k, v in hints.items() if v}}
 
 
 @endpoint(routes, "POST", service.VERIFY_PATH, auth=auth.Anonymous(), json_only=True,
           headers={PROJECT_HEADER: "The link's project, when the query does not name it."},
           errors=[TokenConsumed, TokenExpired, TokenInvalidOrExpired, InvitationNotPending,
-                  InvitationNotFound, UserNotFound, NoSession],
+                  InvitationNotFound, UserNotFound, NoSession, StepUpRequired,
+                  BlockedByRiskPolicy, UnknownOrExpiredChallenge],
           replies=[Reply(200, "Signed in (the service_session cookie is set too).", Grant)])
 async def post_magic_link_verify(call: Call, query: VerifyQuery, body: VerifyBody) -> web.Response:
     """Redeem a magic link: sign in.
 
     Answers the session envelope and sets the ``service_session`` cookie (SPEC.md 3). A link
-    works once; an invitation's link also makes the membership and selects the organization."""
+    works once; an invitation's link also makes the membership and selects the organization.
+    The sign-in is scored by the risk engine: 401 ``step_up_required`` (``details.challenge_id``)
+    or 403 ``blocked_by_risk_policy`` set no cookie. A step-up link
+    (``POST /v1/auth/step-up/magic-link/send``) satisfies its challenge and signs in."""
     iat = int(time.time())
     named = query.project_id or call.request.headers.get(PROJECT_HEADER)
     async with call.connection() as conn:
         s = await signin.redeem(conn, call.actor, token=body.token, named_project=named,
-                                device=_device(call.request), settings=call.settings, iat=iat)
+                                device=client_device(call.request), settings=call.settings, iat=iat,
+                                risk_engine=call.app[RISK])
     grant = await sessions.grant(call.app[TOKENS], call.settings, project_id=s.project_id,
                                  session=s.session, user=s.user, iat=iat,
                                  refresh_token=s.refresh_token)

@@ -11,6 +11,7 @@ import asyncpg
 
 from common.db import Params
 from control_plane.audit import service as audit
+from control_plane.risk import service as risk
 from control_plane.sessions import service as sessions
 from control_plane.users.schemas import USER_FIELDS
 
@@ -19,13 +20,15 @@ _USER_COLUMNS: Final = ", ".join(USER_FIELDS)
 
 async def insert_token(conn: asyncpg.Connection, *, token_hash: bytes, project_id: str,
                        purpose: str, channel: str, destination: str, user_id: str | None,
-                       invitation_id: str | None, ttl: timedelta) -> str:
+                       invitation_id: str | None, ttl: timedelta,
+                       step_up_id: str | None = None) -> str:
     """Store a token and return its project's name (for the message)."""
     await conn.execute(
         """INSERT INTO magic_link_tokens (token_hash, project_id, purpose, channel, destination,
-                                          user_id, invitation_id, expires_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::interval)""",
+                                          user_id, invitation_id, expires_at, step_up_id)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::interval, $9)""",
         token_hash, project_id, purpose, channel, destination, user_id, invitation_id, ttl,
+        step_up_id,
     )
     name: str = await conn.fetchval("SELECT name FROM projects WHERE id = $1", project_id)
     return name
@@ -53,17 +56,18 @@ LOOKUP: Final = f"""
 SELECT t.project_id, t.purpose, t.channel, t.destination, t.user_id, found.id AS found_user_id
 FROM magic_link_tokens t {_FOUND_USER}
 WHERE t.token_hash = $1 AND t.consumed_at IS NULL AND t.expires_at > now()
-  AND ($2::text IS NULL OR t.project_id = $2) AND t.purpose <> 'invitation'
+  AND ($2::text IS NULL OR t.project_id = $2) AND t.purpose IN ('signin', 'enrollment')
 """
 """The fast path's read, without a lock: a usable sign-in or enrollment link (not an
-invitation's) of hash ``$1`` (of project ``$2`` when named), with the user it names."""
+invitation's or a step-up's) of hash ``$1`` (of project ``$2`` when named), with the user it
+names."""
 
 CONSUME: Final = f"""
 WITH t AS (
     UPDATE magic_link_tokens SET consumed_at = now()
     WHERE token_hash = $1 AND consumed_at IS NULL AND expires_at > now()
       AND ($2::text IS NULL OR project_id = $2)
-    RETURNING project_id, purpose, channel, destination, user_id, invitation_id
+    RETURNING project_id, purpose, channel, destination, user_id, invitation_id, step_up_id
 )
 SELECT t.*, found.id AS found_user_id FROM t {_FOUND_USER}
 """
@@ -91,7 +95,7 @@ def _use_token(p: Params, condition: str) -> str:
     return f"""t AS (
     UPDATE magic_link_tokens SET consumed_at = now()
     WHERE token_hash = {p['token_hash']} AND consumed_at IS NULL AND expires_at > now()
-      AND project_id = {p['project_id']} AND purpose <> 'invitation' AND {condition}
+      AND project_id = {p['project_id']} AND purpose IN ('signin', 'enrollment') AND {condition}
     RETURNING 1)"""
 
 
@@ -117,7 +121,7 @@ def new_user_head(p: Params) -> str:
     INSERT INTO users (id, project_id, email, email_verified, phone_number, phone_verified,
                        last_sign_in_at)
     SELECT {p['user_id']}, {p['project_id']}, {p['email']}, {p['verified_email']},
-           {p['phone_number']}, {p['verified_sms']}, now()
+           {p['phone_number']}, {p['verified_sms']}, CASE WHEN {p['signing_in']} THEN now() END
     WHERE EXISTS (
         SELECT 1 FROM magic_link_tokens
         WHERE token_hash = {p['token_hash']} AND consumed_at IS NULL AND expires_at > now()
@@ -127,6 +131,13 @@ def new_user_head(p: Params) -> str:
     RETURNING {_USER_COLUMNS}
 ), {_use_token(p, "user_id IS NULL AND EXISTS (SELECT 1 FROM u)")},
 uc AS ({audit.insert_from("u", p, name="user_event")})"""
+
+
+def step_up_head(p: Params) -> str:
+    """Sign-in head of a step-up link, whose token the general path used up already: the
+    step-up challenge ``su_id`` used up (``risk.step_up_cte``), then the user's row. Gate
+    ``", su"``."""
+    return f"{risk.step_up_cte(p)}, {sessions.user_update(p, condition='AND EXISTS (SELECT 1 FROM su)')}"
 
 
 def _create_user_statement() -> tuple[str, Params]:

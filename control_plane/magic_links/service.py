@@ -10,7 +10,6 @@ page's script reads it and posts it.
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,10 +24,10 @@ from control_plane.kms import LocalKms
 from control_plane.magic_links import repository
 from control_plane.magic_links.schemas import Sent
 from control_plane.messages import service as messages
-from control_plane.web.ratelimit import RateLimit
+from control_plane.web.ratelimit import RateLimit, client_bucket
 from control_plane.web.schemas import Channel
 
-Purpose = Literal["signin", "enrollment", "invitation"]
+Purpose = Literal["signin", "enrollment", "invitation", "step_up"]
 VERIFY_PATH: Final = "/v1/auth/magic-link/verify"
 
 _TEXTS: Final = {
@@ -41,6 +40,10 @@ _TEXTS: Final = {
     "invitation": ("You are invited to join {organization} on {project}",
                    "You have been invited to join {organization} on {project}. Use this link to "
                    "accept; it works once and expires in {lifetime}.\n\n{url}\n"),
+    "step_up": ("Confirm your sign-in to {project}",
+                "Someone, hopefully you, is signing in to {project} and we want to be sure it is "
+                "you. Use this link to confirm; it works once and expires in {lifetime}.\n\n"
+                "{url}\n\nIf it was not you, ignore this message: nobody can sign in without it."),
 }
 
 
@@ -55,16 +58,18 @@ def _lifetime(seconds: int) -> str:
         return f"{seconds // 86_400} days"
     if seconds >= 2 * 3600:
         return f"{seconds // 3600} hours"
-    return f"{max(1, seconds // 60)} minutes"
+    minutes = max(1, -(-seconds // 60))  # rounded up: a link left 299 s says 5 minutes
+    return "1 minute" if minutes == 1 else f"{minutes} minutes"
 
 
 async def issue_link(
     conn: asyncpg.Connection, kms: LocalKms, settings: Settings, *, project_id: str,
     purpose: Purpose, channel: Channel, destination: str, ttl_seconds: int,
     user_id: str | None = None, invitation_id: str | None = None,
-    organization_name: str | None = None,
+    organization_name: str | None = None, step_up_id: str | None = None,
 ) -> str:
-    """Create a token and queue the message carrying its link, in ``conn``'s transaction.
+    """Create a token and queue the message carrying its link, in ``conn``'s transaction
+    (``step_up_id``: the step-up challenge a ``step_up`` link satisfies).
 
     Returns the message id. The plaintext token exists only inside the sealed message body.
     """
@@ -72,7 +77,7 @@ async def issue_link(
     project = await repository.insert_token(
         conn, token_hash=token_digest(token), project_id=project_id, purpose=purpose,
         channel=channel, destination=destination, user_id=user_id, invitation_id=invitation_id,
-        ttl=timedelta(seconds=ttl_seconds))
+        ttl=timedelta(seconds=ttl_seconds), step_up_id=step_up_id)
     url = link_url(settings, project_id, token)
     subject, text = _TEXTS[purpose]
     fields = {"project": project, "organization": organization_name or "an organization",
@@ -93,20 +98,6 @@ class SendLimits:
 
     per_destination: RateLimit
     per_ip: RateLimit
-
-
-def client_bucket(ip: str) -> str:
-    """What a per-IP limit counts: the address, or for IPv6 its /64, which one subscriber
-    usually holds whole (RFC 6177) and could otherwise rotate through."""
-    try:
-        address = ipaddress.ip_address(ip)
-    except ValueError:
-        return ip
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{address}/64", strict=False))
-    return str(address)
 
 
 GMAIL_DOMAINS: Final = frozenset({"gmail.com", "googlemail.com"})

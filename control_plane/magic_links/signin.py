@@ -20,6 +20,7 @@ from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.magic_links import repository
 from control_plane.organizations import service as organizations
+from control_plane.risk import service as risk
 from control_plane.sessions import service as sessions
 from control_plane.sessions.schemas import SignIn
 from control_plane.web.actor import Actor
@@ -29,20 +30,27 @@ _FAILURES: Final = {"consumed": TokenConsumed, "expired": TokenExpired}
 
 
 async def redeem(conn: asyncpg.Connection, actor: Actor, *, token: str, named_project: str | None,
-                 device: dict[str, Any], settings: Settings, iat: int) -> SignIn:
+                 device: dict[str, Any], settings: Settings, iat: int,
+                 risk_engine: risk.RiskEngine) -> SignIn:
     """Consume ``token`` (of ``named_project`` when the request named one) and sign its owner
     in; ``actor`` is the anonymous caller, ``device`` what it says of itself (recorded with the
-    attempt). A refused token records a failed attempt (when its project is known) and raises
-    TokenConsumed, TokenExpired or TokenInvalidOrExpired (410), or InvitationNotPending (409)
-    for an invitation revoked or expired since; a link refused after it was used up stays used
-    up."""
+    attempt and scored by the risk engine). A refused token records a failed attempt (when its
+    project is known) and raises TokenConsumed, TokenExpired or TokenInvalidOrExpired (410), or
+    InvitationNotPending (409) for an invitation revoked or expired since; a link refused after
+    it was used up stays used up. A sign-in the risk engine refuses raises StepUpRequired or
+    BlockedByRiskPolicy once its decision is recorded (the link is used up). A step-up link
+    (``purpose`` ``step_up``) satisfies its challenge and starts the challenged sign-in's
+    session; a challenge no longer pending refuses it (UnknownOrExpiredChallenge)."""
     actor = actor.as_user(None)
     attempt = {"method": "magic_link", "device": device, "ip": actor.ip,
                "user_agent": actor.user_agent}
     digest = token_digest(token)
-    fast = await _fast_sign_in(conn, actor, digest, named_project, attempt, settings, iat)
-    if fast is not None:
+    fast = await _fast_sign_in(conn, actor, digest, named_project, attempt, settings, iat,
+                               risk_engine)
+    if isinstance(fast, SignIn):
         return fast
+    if fast is not None:
+        raise fast.error  # committed: the fast path is one statement
     failure: ServiceError | None = None
     async with conn.transaction():
         await conn.execute(repository.LOCK_USER, digest)
@@ -57,26 +65,34 @@ async def redeem(conn: asyncpg.Connection, actor: Actor, *, token: str, named_pr
             # The user's address changed since the link was sent: it no longer proves control.
             failure = TokenInvalidOrExpired()
             await _refused(conn, actor, attempt, row, failure)
-        elif row["purpose"] == "invitation":
+        elif row["purpose"] in ("invitation", "step_up"):
             try:
                 async with conn.transaction():  # a savepoint: a refusal keeps the token used up
-                    return await _sign_in(conn, actor, row, attempt, settings, iat)
+                    signed_in = await (_step_up if row["purpose"] == "step_up" else _sign_in)(
+                        conn, actor, row, attempt, settings, iat, risk_engine)
+                    if isinstance(signed_in, SignIn):
+                        return signed_in
+                    failure = signed_in.error  # the risk engine's refusal, recorded
             except ServiceError as err:
                 failure = err
                 await _refused(conn, actor, attempt, row, failure)
         else:
-            return await _sign_in(conn, actor, row, attempt, settings, iat)
+            signed_in = await _sign_in(conn, actor, row, attempt, settings, iat, risk_engine)
+            if isinstance(signed_in, SignIn):
+                return signed_in
+            failure = signed_in.error
     assert failure is not None
     raise failure
 
 
 async def _fast_sign_in(
     conn: asyncpg.Connection, actor: Actor, digest: bytes, named_project: str | None,
-    attempt: dict[str, Any], settings: Settings, iat: int,
-) -> SignIn | None:
-    """The common sign-in in two round trips and no explicit transaction: a lookup, then one
-    statement that uses the link up only if it is still usable and signs in (creating the user on
-    a first sign-in). None whenever anything is unusual: the general path then decides."""
+    attempt: dict[str, Any], settings: Settings, iat: int, risk_engine: risk.RiskEngine,
+) -> SignIn | sessions.Refused | None:
+    """The common sign-in in a few round trips and no explicit transaction: a lookup, the risk
+    engine's read, then one statement that uses the link up only if it is still usable and
+    signs in (creating the user on a first sign-in), or records the risk engine's refusal
+    (returned: committed). None whenever anything is unusual: the general path then decides."""
     token = await conn.fetchrow(repository.LOOKUP, digest, named_project)
     if token is None or (token["user_id"] is not None and token["user_id"] != token["found_user_id"]):
         return None
@@ -101,11 +117,12 @@ async def _fast_sign_in(
     started = await sessions.start_session(
         conn, settings, session_id=session_id, project_id=project_id, user_id=user_id,
         auth_method="magic_link", actor=actor, iat=iat,
-        event=_signed_in(actor, attempt, token, session_id), verified=channel, head=head,
-        gate=", t", head_values=head_values,
+        event=_signed_in(actor, attempt, token, session_id), risk_engine=risk_engine,
+        hints=attempt["device"], new_user=token["found_user_id"] is None, verified=channel,
+        head=head, gate=", t", head_values=head_values,
     )
-    if started is None:
-        return None
+    if started is None or isinstance(started, sessions.Refused):
+        return started
     session, refresh_token, user = started
     return SignIn(project_id, session, user, refresh_token)
 
@@ -161,8 +178,10 @@ async def _create_user(conn: asyncpg.Connection, actor: Actor, project_id: str, 
 
 
 async def _sign_in(conn: asyncpg.Connection, actor: Actor, token: asyncpg.Record,
-                   attempt: dict[str, Any], settings: Settings, iat: int) -> SignIn:
+                   attempt: dict[str, Any], settings: Settings, iat: int,
+                   risk_engine: risk.RiskEngine) -> SignIn | sessions.Refused:
     project_id, channel = token["project_id"], token["channel"]
+    new_user = token["found_user_id"] is None
     user_id = token["found_user_id"] or await _create_user(conn, actor, project_id, channel,
                                                            token["destination"])
     actor = actor.as_user(user_id, project_id=project_id)
@@ -175,9 +194,45 @@ async def _sign_in(conn: asyncpg.Connection, actor: Actor, token: asyncpg.Record
     started = await sessions.start_session(
         conn, settings, session_id=session_id, project_id=project_id, user_id=user_id,
         auth_method="magic_link", actor=actor, iat=iat,
-        event=_signed_in(actor, attempt, token, session_id), organization_id=organization_id,
+        event=_signed_in(actor, attempt, token, session_id), risk_engine=risk_engine,
+        hints=attempt["device"], new_user=new_user, organization_id=organization_id,
         verified=channel,
     )
     assert started is not None  # the default head raises instead
+    if isinstance(started, sessions.Refused):
+        return started
+    session, refresh_token, user = started
+    return SignIn(project_id, session, user, refresh_token)
+
+
+async def _step_up(conn: asyncpg.Connection, actor: Actor, token: asyncpg.Record,
+                   attempt: dict[str, Any], settings: Settings, iat: int,
+                   risk_engine: risk.RiskEngine) -> SignIn | sessions.Refused:
+    """A step-up link, used up: its challenge satisfied (``auth.step_up_satisfied``) and the
+    challenged sign-in's session started, in this transaction. Raises
+    UnknownOrExpiredChallenge when the challenge is no longer pending (used, failed, expired),
+    TokenInvalidOrExpired when it was raced to meanwhile."""
+    project_id, user_id = token["project_id"], token["user_id"]
+    challenge = await risk.find_challenge(conn, project_id, token["step_up_id"])
+    actor = actor.as_user(user_id, project_id=project_id)
+    session_id = new_id("sess")
+    event = audit.event_params(
+        actor, action="auth.step_up_satisfied", project_id=project_id,
+        target_type="step_up_challenge", target_id=challenge.id, user_id=user_id,
+        description=f"Step-up satisfied by a link sent by {token['channel']}",
+        metadata={**attempt, "method": "step_up_magic_link", "outcome": "success",
+                  "channel": token["channel"], "challenge_id": challenge.id,
+                  "decision_id": challenge.decision_id, "primary_method": challenge.method,
+                  "session_id": session_id})
+    started = await sessions.start_session(
+        conn, settings, session_id=session_id, project_id=project_id, user_id=user_id,
+        auth_method=challenge.method, actor=actor, iat=iat, event=event,
+        risk_engine=risk_engine, hints=attempt["device"], step_up=True,
+        organization_id=challenge.organization_id, verified=token["channel"],
+        head=repository.step_up_head, gate=", su",
+        head_values={"su_id": challenge.id, "su_method": "magic_link"},
+    )
+    if started is None or isinstance(started, sessions.Refused):
+        raise TokenInvalidOrExpired("The step-up was used or expired meanwhile; sign in again.")
     session, refresh_token, user = started
     return SignIn(project_id, session, user, refresh_token)

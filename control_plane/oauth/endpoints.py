@@ -4,24 +4,26 @@ browser follows (DESIGN.md "OAuth"; RFC 6749 4.1, RFC 7636, OIDC Core 3.1)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 from multidict import MultiDict
 
 from common.errors import (
+    BlockedByRiskPolicy,
     IdentityConflict,
     InvalidRequest,
     MissingEmail,
     NoSession,
     ProjectNotFound,
     ServiceUnavailable,
+    StepUpRequired,
     UnknownProvider,
     VerificationFailed,
 )
 from common.routing import Reply, RouteTable
 from common.schemas import parse_query
-from control_plane.appkeys import KMS, OAUTH, TOKENS
+from control_plane.appkeys import KMS, OAUTH, RISK, TOKENS
 from control_plane.oauth import service
 from control_plane.oauth.schemas import (
     CallbackQuery,
@@ -33,7 +35,7 @@ from control_plane.oauth.schemas import (
 from control_plane.sessions import service as sessions
 from control_plane.sessions.schemas import Grant
 from control_plane.web import auth
-from control_plane.web.actor import Call
+from control_plane.web.actor import Call, client_device
 from control_plane.web.cookies import secure_cookies, set_session_cookie
 from control_plane.web.endpoint import endpoint
 
@@ -115,16 +117,12 @@ async def get_oauth_start(call: Call, query: StartQuery) -> web.StreamResponse:
     return response
 
 
-def _device(request: web.Request) -> dict[str, Any]:
-    h = request.headers
-    hints = {"platform": h.get("Sec-CH-UA-Platform"), "mobile": h.get("Sec-CH-UA-Mobile"),
-             "brands": h.get("Sec-CH-UA")}
-    return {"user_agent": h.get("User-Agent"), **{k: v for k, v in hints.items() if v}}
 
 
 _CALLBACK_PATH: Final = f"/v1/auth/oauth/{_PROVIDER}/callback"
 _CALLBACK_ERRORS: Final = [InvalidRequest, UnknownProvider, VerificationFailed, MissingEmail,
-                           IdentityConflict, NoSession, ServiceUnavailable]
+                           IdentityConflict, NoSession, ServiceUnavailable, StepUpRequired,
+                           BlockedByRiskPolicy]
 _CALLBACK_REPLIES: Final = [
     Reply(302, "Signed in: to the application's redirect_uri (the service_session cookie is "
                "set).", content_type=None, headers=_LOCATION),
@@ -166,8 +164,8 @@ async def _signed_in(call: Call, query: CallbackQuery) -> web.StreamResponse:
     signed_in = await service.complete_sign_in(
         call.pool, call.actor, name=_name(call), query=query,
         browser_binding=call.request.cookies.get(service.BROWSER_COOKIE),
-        device=_device(call.request), client=call.app[OAUTH], kms=call.app[KMS],
-        settings=call.settings, iat=iat)
+        device=client_device(call.request), client=call.app[OAUTH], kms=call.app[KMS],
+        settings=call.settings, iat=iat, risk_engine=call.app[RISK])
     grant = await sessions.grant(call.app[TOKENS], call.settings, project_id=signed_in.project_id,
                                  session=signed_in.session, user=signed_in.user, iat=iat,
                                  refresh_token=signed_in.refresh_token)

@@ -35,12 +35,14 @@ import asyncpg
 from authlib.common.security import generate_token
 
 from common.errors import (
+    BlockedByRiskPolicy,
     IdentityConflict,
     InvalidEmail,
     InvalidRequest,
     MissingEmail,
     ServiceError,
     ServiceUnavailable,
+    StepUpRequired,
     UnknownProvider,
     VerificationFailed,
 )
@@ -66,6 +68,7 @@ from control_plane.oauth.schemas import (
     Provider,
     ProviderBody,
 )
+from control_plane.risk import service as risk
 from control_plane.sessions import service as sessions
 from control_plane.sessions.schemas import SignIn
 from control_plane.web.actor import Actor
@@ -261,7 +264,7 @@ class OAuthSignIn(SignIn):
 async def complete_sign_in(pool: asyncpg.Pool, actor: Actor, *, name: str, query: CallbackQuery,
                            browser_binding: str | None, device: dict[str, Any],
                            client: OAuthClient, kms: LocalKms, settings: Settings,
-                           iat: int) -> OAuthSignIn:
+                           iat: int, risk_engine: risk.RiskEngine) -> OAuthSignIn:
     """The callback of provider ``name`` (RFC 6749 4.1.2, 4.1.3; OIDC Core 3.1.3.7): sign the
     user in. ``actor`` is the anonymous caller, ``device`` what it says of itself.
 
@@ -270,7 +273,8 @@ async def complete_sign_in(pool: asyncpg.Pool, actor: Actor, *, name: str, query
     when the state's project no longer has the provider; VerificationFailed (400) for a provider
     ``error``, a code the provider will not exchange, an ID token that fails validation, or a
     provider out of reach; MissingEmail (400); IdentityConflict (409) for an unverified e-mail
-    of an existing user."""
+    of an existing user; StepUpRequired (401) or BlockedByRiskPolicy (403) when the risk engine
+    refuses the sign-in."""
     row = await repository.take_state(pool, _digest(query.state))
     if row is None:
         raise InvalidRequest.field("state", "unknown or already used")
@@ -298,7 +302,9 @@ async def complete_sign_in(pool: asyncpg.Pool, actor: Actor, *, name: str, query
         claims = _usable(await _claims_of(config, query.code, query.iss, row, client, settings),
                          name)
         return await _sign_in(pool, actor, config, claims, attempt, row["redirect_uri"],
-                              settings, iat)
+                              settings, iat, risk_engine)
+    except (StepUpRequired, BlockedByRiskPolicy):
+        raise  # recorded with its decision already
     except ServiceError as err:
         await _refused(pool, actor, attempt, err)
         raise
@@ -349,8 +355,10 @@ def _usable(claims: ProviderClaims, name: str) -> ProviderClaims:
 
 async def _sign_in(pool: asyncpg.Pool, actor: Actor, config: ProviderConfig,
                    claims: ProviderClaims, attempt: dict[str, Any], redirect_uri: str,
-                   settings: Settings, iat: int) -> OAuthSignIn:
-    """Find, link or create the user and start the session, in one transaction."""
+                   settings: Settings, iat: int, risk_engine: risk.RiskEngine) -> OAuthSignIn:
+    """Find, link or create the user and start the session (scored by the risk engine), in one
+    transaction. A refusal by the risk engine commits the user, the identity and its decision,
+    then raises StepUpRequired or BlockedByRiskPolicy."""
     project_id, name = config.project_id, config.name
     assert claims.email is not None
     async with pool.acquire() as conn, conn.transaction():
@@ -384,8 +392,11 @@ async def _sign_in(pool: asyncpg.Pool, actor: Actor, config: ProviderConfig,
         started = await sessions.start_session(
             conn, settings, session_id=session_id, project_id=project_id, user_id=user_id,
             auth_method="oauth", actor=user_actor, iat=iat, event=event,
+            risk_engine=risk_engine, hints=attempt["device"], new_user=outcome == "created",
             verified="email" if claims.email_verified and same else None)
         assert started is not None  # the default head raises instead
+    if isinstance(started, sessions.Refused):
+        raise started.error  # committed with its decision and events
     session, refresh_token, signed_in = started
     return OAuthSignIn(project_id, session, signed_in, refresh_token, redirect_uri)
 

@@ -5,21 +5,23 @@ ceremonies in a browser (DESIGN.md "Paths and shapes the spec leaves open", pass
 from __future__ import annotations
 
 import time
-from typing import Any, Final
+from typing import Final
 
 from aiohttp import web
 
 from common.errors import (
+    BlockedByRiskPolicy,
     InvalidEmail,
     InvalidRequest,
     NoSession,
     NotFound,
+    StepUpRequired,
     UnknownOrExpiredChallenge,
     UserNotFound,
     VerificationFailed,
 )
 from common.routing import Reply, RouteTable
-from control_plane.appkeys import TOKENS
+from control_plane.appkeys import RISK, TOKENS
 from control_plane.passkeys import service
 from control_plane.passkeys.page import PAGE
 from control_plane.passkeys.schemas import (
@@ -35,7 +37,7 @@ from control_plane.passkeys.schemas import (
 from control_plane.sessions import service as sessions
 from control_plane.sessions.schemas import Grant
 from control_plane.web import auth
-from control_plane.web.actor import Call
+from control_plane.web.actor import Call, client_device
 from control_plane.web.endpoint import endpoint
 from control_plane.web.pages import page
 from control_plane.web.public_project import HEADER as PROJECT_HEADER
@@ -48,13 +50,6 @@ WRITE: Final = auth.ApiKey("users:write")
 _PROJECT_HEADERS: Final = {PROJECT_HEADER: "The project, when the query does not name it."}
 
 
-def _device(request: web.Request) -> dict[str, Any]:
-    """What the client says about its device: the User-Agent and the User-Agent Client Hints
-    (RFC 8942) it sent, verbatim (recorded with the sign-in attempt)."""
-    h = request.headers
-    hints = {"platform": h.get("Sec-CH-UA-Platform"), "mobile": h.get("Sec-CH-UA-Mobile"),
-             "brands": h.get("Sec-CH-UA")}
-    return {"user_agent": h.get("User-Agent"), **{k: v for k, v in hints.items() if v}}
 
 
 @endpoint(routes, "POST", "/v1/auth/passkey/register/options", auth=SESSION, json_only=True,
@@ -103,7 +98,8 @@ async def post_passkey_login_options(call: Call, body: AuthenticationOptionsBody
 
 @endpoint(routes, "POST", "/v1/auth/passkey/login/verify", auth=auth.Public(), json_only=True,
           headers=_PROJECT_HEADERS,
-          errors=[UnknownOrExpiredChallenge, VerificationFailed, InvalidRequest, NoSession],
+          errors=[UnknownOrExpiredChallenge, VerificationFailed, InvalidRequest, NoSession,
+                  StepUpRequired, BlockedByRiskPolicy],
           replies=[Reply(200, "Signed in (the service_session cookie is set too).", Grant)])
 async def post_passkey_login_verify(call: Call, body: AuthenticationResponseBody) -> web.Response:
     """Finish a passkey login: sign in.
@@ -113,8 +109,8 @@ async def post_passkey_login_verify(call: Call, body: AuthenticationResponseBody
     refusal sets no cookie. The challenge is spent whatever the outcome."""
     iat = int(time.time())
     async with call.connection() as conn:
-        s = await service.sign_in(conn, call.actor, credential=body, device=_device(call.request),
-                                  settings=call.settings, iat=iat)
+        s = await service.sign_in(conn, call.actor, credential=body, device=client_device(call.request),
+                                  settings=call.settings, iat=iat, risk_engine=call.app[RISK])
     grant = await sessions.grant(call.app[TOKENS], call.settings, project_id=s.project_id,
                                  session=s.session, user=s.user, iat=iat,
                                  refresh_token=s.refresh_token)

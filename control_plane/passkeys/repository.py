@@ -11,6 +11,7 @@ from webauthn.helpers import bytes_to_base64url
 
 from common.db import Params
 from control_plane.passkeys.schemas import Passkey, WebAuthnSettings
+from control_plane.risk import service as risk
 from control_plane.sessions import service as sessions
 
 COLUMNS: Final = ("id, user_id, credential_id, name, transports, aaguid, sign_count, "
@@ -69,7 +70,7 @@ RETURNING project_id, ceremony, user_id, name, user_verification, expires_at <= 
 
 READ_FOR_LOGIN: Final = """
 SELECT c.project_id, c.ceremony, c.user_id, c.user_verification, c.expires_at <= now() AS expired,
-       w.rp_id, w.origins, k.id AS passkey_id, k.user_id AS passkey_user_id, k.public_key,
+       c.step_up_id, w.rp_id, w.origins, k.id AS passkey_id, k.user_id AS passkey_user_id, k.public_key,
        k.sign_count
 FROM webauthn_challenges c
 LEFT JOIN webauthn_settings w ON w.project_id = $2
@@ -83,13 +84,14 @@ ISSUE_LOGIN_CHALLENGE: Final = """
 WITH w AS (SELECT rp_id, user_verification FROM webauthn_settings WHERE project_id = $4),
 i AS (
     INSERT INTO webauthn_challenges (challenge_hash, project_id, ceremony, user_id,
-                                     user_verification, expires_at)
-    SELECT $1, $4, 'authentication', $2, w.user_verification, now() + $3::interval FROM w
+                                     user_verification, expires_at, step_up_id)
+    SELECT $1, $4, 'authentication', $2, w.user_verification, now() + $3::interval, $5 FROM w
 )
 SELECT rp_id, user_verification FROM w"""
 """Store the login challenge of digest ``$1`` (for user ``$2`` or anyone, ``$3`` to live) in the
-project ``$4`` with the project's user verification, answering its relying-party id and user
-verification; no row when the project has no relying party."""
+project ``$4`` with the project's user verification, for the step-up challenge ``$5`` (or a
+plain login: null), answering its relying-party id and user verification; no row when the
+project has no relying party."""
 
 PURGE: Final = """
 DELETE FROM webauthn_challenges WHERE challenge_hash IN (
@@ -164,6 +166,13 @@ async def user_names(conn: asyncpg.Connection, project_id: str,
     return await conn.fetchrow(
         "SELECT email, phone_number, name FROM users WHERE id = $1 AND project_id = $2",
         user_id, project_id)
+
+
+def passkey_step_up_head(p: Params) -> str:
+    """Sign-in head of a step-up by passkey: :func:`passkey_head`, then the step-up challenge
+    ``su_id`` used up by it (``risk.step_up_cte``). Parameters those two take, ``su_method``
+    ``passkey``. Gate ``", t, su"``."""
+    return f"{passkey_head(p)}, {risk.step_up_cte(p, after='t')}"
 
 
 def passkey_head(p: Params) -> str:

@@ -58,6 +58,7 @@ from control_plane.passkeys.schemas import (
     WebAuthnConfig,
     WebAuthnSettings,
 )
+from control_plane.risk import service as risk
 from control_plane.sessions import service as sessions
 from control_plane.sessions.schemas import SignIn
 from control_plane.web.actor import Actor
@@ -240,23 +241,29 @@ async def register(conn: asyncpg.Connection, actor: Actor, *,
 
 
 async def authentication_options(conn: asyncpg.Connection, actor: Actor, *, email: str | None,
-                                 settings: Settings) -> dict[str, Any]:
+                                 settings: Settings,
+                                 step_up: risk.Challenge | None = None) -> dict[str, Any]:
     """Request options (``PublicKeyCredentialRequestOptionsJSON``, as a dict) for a login in
     the actor's project, and the challenge stored. Without ``email``, ``allowCredentials`` is
     empty: any discoverable credential (usernameless, conditional UI). With it, the user's
     passkeys are listed, and the challenge is that user's (a response from another user's
-    passkey is refused); an email no user has gets empty ``allowCredentials``. Raises
-    InvalidRequest naming ``webauthn`` when the project has no relying party."""
+    passkey is refused); an email no user has gets empty ``allowCredentials``. With
+    ``step_up``, the challenged user's passkeys, and the challenge serves that step-up only.
+    Raises InvalidRequest naming ``webauthn`` when the project has no relying party."""
     project_id = actor.project_id
     assert project_id is not None
     user_id: str | None = None
     rows: list[asyncpg.Record] = []
-    if email is not None:
+    if step_up is not None:
+        user_id = step_up.user_id
+        rows = await repository.credentials_of(conn, project_id, user_id)
+    elif email is not None:
         user_id, rows = await repository.credentials_by_email(conn, project_id, email)
     challenge = secrets.token_bytes(CHALLENGE_BYTES)
     rp = await conn.fetchrow(
         repository.ISSUE_LOGIN_CHALLENGE, hashlib.sha256(challenge).digest(), user_id,
-        timedelta(seconds=settings.webauthn_challenge_ttl_seconds), project_id)
+        timedelta(seconds=settings.webauthn_challenge_ttl_seconds), project_id,
+        step_up.id if step_up is not None else None)
     if rp is None:
         raise _not_configured()
     options = generate_authentication_options(
@@ -267,7 +274,8 @@ async def authentication_options(conn: asyncpg.Connection, actor: Actor, *, emai
 
 async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
                   credential: AuthenticationResponseBody, device: dict[str, Any],
-                  settings: Settings, iat: int) -> SignIn:
+                  settings: Settings, iat: int, risk_engine: risk.RiskEngine,
+                  step_up: risk.Challenge | None = None) -> SignIn:
     """Verify ``credential`` (an authentication response) in the actor's project and sign its
     user in. One read finds the challenge, the relying party and the credential; after
     py_webauthn verified the response, one statement spends the challenge, updates the
@@ -277,31 +285,47 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
     and, once the challenge was found, records a failed ``auth.signin_attempt``, in one
     transaction. Two verifies of one challenge at once: one signs in, the other is refused.
 
+    The sign-in is scored by the risk engine (``sessions.start_session``): a challenge or a
+    block raises StepUpRequired or BlockedByRiskPolicy once recorded. With ``step_up`` (a
+    pending challenge of this project), this login is that challenge's step-up: the options
+    must have been issued for it, the passkey must be the challenged user's, and the challenge
+    is used up by the sign-in (``auth.step_up_satisfied``), or by any refusal (``failed``).
+
     Raises UnknownOrExpiredChallenge, VerificationFailed, InvalidRequest naming ``webauthn``
-    when the project has no relying party."""
+    when the project has no relying party, StepUpRequired, BlockedByRiskPolicy."""
     project_id = actor.project_id
     assert project_id is not None
     challenge = _challenge_of(credential.response.clientDataJSON)
     digest = hashlib.sha256(challenge).digest()
-    attempt = {"method": "passkey", "device": device, "ip": actor.ip,
-               "user_agent": actor.user_agent}
+    attempt = {"method": "step_up_passkey" if step_up else "passkey", "device": device,
+               "ip": actor.ip, "user_agent": actor.user_agent}
+    if step_up is not None:
+        attempt["challenge_id"] = step_up.id
     row = await conn.fetchrow(repository.READ_FOR_LOGIN, digest, project_id,
                               _bytes(credential.rawId) or b"")
     if row is None:
+        if step_up is not None:
+            await _refused(conn, actor, attempt, None, project_id, step_up.user_id,
+                           UnknownOrExpiredChallenge(), step_up=step_up)
         raise UnknownOrExpiredChallenge()
     if row["expired"] or row["ceremony"] != AUTHENTICATION or row["project_id"] != project_id:
         ours = row["project_id"] == project_id
         await _refused(conn, actor, attempt, digest, project_id if ours else None,
-                       row["user_id"] if ours else None, UnknownOrExpiredChallenge())
+                       row["user_id"] if ours else None, UnknownOrExpiredChallenge(),
+                       step_up=step_up)
+    if row["step_up_id"] != (step_up.id if step_up is not None else None):
+        await _refused(conn, actor, attempt, digest, project_id, row["user_id"],
+                       UnknownOrExpiredChallenge("These options were issued for another step-up "
+                                                 "or for a plain login."), step_up=step_up)
     if row["rp_id"] is None:
-        await _refused(conn, actor, attempt, digest, None, None, _not_configured())
+        await _refused(conn, actor, attempt, digest, None, None, _not_configured(), step_up=step_up)
     user_id: str | None = row["passkey_user_id"]
     if row["user_id"] is not None and user_id is not None and row["user_id"] != user_id:
         await _refused(conn, actor, attempt, digest, project_id, row["user_id"],
-                       UnknownOrExpiredChallenge("The challenge was issued for another user."))
+                       UnknownOrExpiredChallenge("The challenge was issued for another user."), step_up=step_up)
     if user_id is None:
         await _refused(conn, actor, attempt, digest, project_id, row["user_id"],
-                       VerificationFailed("No passkey of this project has that credential id."))
+                       VerificationFailed("No passkey of this project has that credential id."), step_up=step_up)
     assert user_id is not None
     handle = credential.response.userHandle
     try:
@@ -315,38 +339,58 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
             require_user_verification=row["user_verification"] == "required")
     except Exception as exc:  # py_webauthn's refusal, or a parser's on a malformed response
         await _refused(conn, actor, attempt, digest, project_id, user_id,
-                       VerificationFailed(f"The passkey response does not verify: {exc}"))
+                       VerificationFailed(f"The passkey response does not verify: {exc}"), step_up=step_up)
     actor = actor.as_user(user_id, project_id=project_id)
     session_id = new_id("sess")
-    started = await sessions.start_session(
-        conn, settings, session_id=session_id, project_id=project_id, user_id=user_id,
-        auth_method="passkey", actor=actor, iat=iat,
-        event=audit.event_params(
+    head_values: dict[str, object] = {
+        "challenge_hash": digest, "passkey_id": row["passkey_id"],
+        "sign_count": verified.new_sign_count, "backup_state": verified.credential_backed_up}
+    metadata = {**attempt, "outcome": "success", "passkey_id": row["passkey_id"],
+                "user_verified": verified.user_verified, "session_id": session_id}
+    if step_up is None:
+        event = audit.event_params(
             actor, action="auth.signin_attempt", project_id=project_id, target_type="session",
             target_id=session_id, user_id=user_id, description="Signed in by passkey",
-            metadata={**attempt, "outcome": "success", "passkey_id": row["passkey_id"],
-                      "user_verified": verified.user_verified, "session_id": session_id}),
-        head=repository.passkey_head, gate=", t",
-        head_values={"challenge_hash": digest, "passkey_id": row["passkey_id"],
-                     "sign_count": verified.new_sign_count,
-                     "backup_state": verified.credential_backed_up},
+            metadata=metadata)
+    else:
+        event = audit.event_params(
+            actor, action="auth.step_up_satisfied", project_id=project_id,
+            target_type="step_up_challenge", target_id=step_up.id, user_id=user_id,
+            description="Step-up satisfied by passkey",
+            metadata={**metadata, "decision_id": step_up.decision_id,
+                      "primary_method": step_up.method})
+        head_values.update(su_id=step_up.id, su_method="passkey")
+    started = await sessions.start_session(
+        conn, settings, session_id=session_id, project_id=project_id, user_id=user_id,
+        auth_method=step_up.method if step_up else "passkey", actor=actor, iat=iat, event=event,
+        risk_engine=risk_engine, hints=device, step_up=step_up is not None,
+        organization_id=step_up.organization_id if step_up else None,
+        head=repository.passkey_step_up_head if step_up else repository.passkey_head,
+        gate=", t, su" if step_up else ", t", head_values=head_values,
     )
     if started is None:  # the challenge or credential changed since the read (see passkey_head)
         await _refused(conn, actor, attempt, digest, project_id, user_id, VerificationFailed(
-            "The challenge was spent or the passkey deleted or used again meanwhile."))
+            "The challenge was spent, the step-up used or expired, or the passkey deleted or "
+            "used again meanwhile."), step_up=step_up)
+    if isinstance(started, sessions.Refused):
+        raise started.error
     assert started is not None
     session, refresh_token, user = started
     return SignIn(project_id, session, user, refresh_token)
 
 
 async def _refused(conn: asyncpg.Connection, actor: Actor, attempt: dict[str, Any],
-                   digest: bytes, project_id: str | None, user_id: str | None,
-                   failure: ServiceError) -> NoReturn:
-    """Refuse a passkey login with ``failure``: spend the challenge of ``digest`` and, when the
-    project is the caller's (``project_id``), record ``auth.signin_attempt`` with outcome
-    ``failure``, in one transaction; then raise ``failure``."""
+                   digest: bytes | None, project_id: str | None, user_id: str | None,
+                   failure: ServiceError, *, step_up: risk.Challenge | None = None) -> NoReturn:
+    """Refuse a passkey login with ``failure``: spend the challenge of ``digest`` (and the
+    ``step_up`` challenge this login was for) and, when the project is the caller's
+    (``project_id``), record ``auth.signin_attempt`` with outcome ``failure``, in one
+    transaction; then raise ``failure``."""
     async with conn.transaction():
-        await conn.execute(repository.SPEND_CHALLENGE, digest)
+        if digest is not None:
+            await conn.execute(repository.SPEND_CHALLENGE, digest)
+        if step_up is not None:
+            await risk.fail_challenge(conn, step_up.id)
         if project_id is not None:
             await audit.record(
                 conn, actor.as_user(user_id, project_id=project_id), action="auth.signin_attempt",

@@ -12,6 +12,7 @@ import asyncpg
 
 from common.db import Params
 from control_plane.audit import service as audit
+from control_plane.risk import service as risk
 from control_plane.sessions.revocation import PURGE as REVOCATIONS_PURGE
 from control_plane.sessions.schemas import SESSION_COLUMNS, Session
 from control_plane.users.schemas import USER_FIELDS, User
@@ -25,11 +26,12 @@ and may define more, which the statement's ``gate`` then names."""
 
 
 def user_update(p: Params, *, condition: str = "") -> str:
-    """The CTE ``u`` of a sign-in of an existing user: ``last_sign_in_at`` set, and the channel
-    the sign-in proved (``verified_email``, ``verified_sms``) marked verified; ``condition``
-    further limits it (``AND ...``)."""
+    """The CTE ``u`` of a sign-in of an existing user: ``last_sign_in_at`` set when
+    ``signing_in`` (not for a sign-in the risk engine refused), and the channel the sign-in
+    proved (``verified_email``, ``verified_sms``) marked verified; ``condition`` further limits
+    it (``AND ...``)."""
     return f"""u AS (
-    UPDATE users SET last_sign_in_at = now(),
+    UPDATE users SET last_sign_in_at = CASE WHEN {p['signing_in']} THEN now() ELSE last_sign_in_at END,
            email_verified = email_verified OR {p['verified_email']},
            phone_verified = phone_verified OR {p['verified_sms']}
     WHERE id = {p['user_id']} {condition} RETURNING {USER_COLUMNS})"""
@@ -54,7 +56,8 @@ def sign_in_statement(head: Head = user_update, gate: str = "") -> Statement:
     Parameters: ``session_id``, ``project_id``, ``user_id``, ``organization_id`` (the one to
     select, or null: the user's only active one), ``auth_method``, ``ip``, ``user_agent``,
     ``session_ttl`` (interval), ``access_expires`` (Unix seconds), ``refresh_hash``,
-    ``verified_email``, ``verified_sms``, the event's (``audit.event_params``), and the head's.
+    ``verified_email``, ``verified_sms``, ``signing_in`` (true), the event's
+    (``audit.event_params``), the risk engine's (``risk.allowed_values``), and the head's.
     Assembled once per head: a sign-in is a hot path.
     """
     p = Params()
@@ -84,9 +87,22 @@ m AS (
     SELECT {p['refresh_hash']}, s.id, 1 FROM s
 ), e AS (
     {audit.insert_from("s", p, more_metadata="jsonb_build_object('organization_id', s.organization_id)")}
-)
+), {risk.allowed_ctes(p)}
 SELECT s.*, pick.role, {user_fields} FROM s, pick, u
 """
+    return Statement(sql, p)
+
+
+@functools.cache
+def refusal_statement(head: Head = user_update, gate: str = "") -> Statement:
+    """The statement of a sign-in the risk engine refused (``challenge`` or ``block``): ``head``
+    as a sign-in runs it (a link is used up, a passkey's counter moves, a first sign-in's user
+    is created: the proof was good), then, when the head and ``gate`` yield rows, the decision,
+    the step-up challenge of a ``challenge`` and the events (``risk.refused_ctes``), and no
+    session. Answers ``risk.REFUSED_SELECT``'s row, or none when the gate failed (nothing of
+    its own written)."""
+    p = Params()
+    sql = f"WITH {head(p)},\n{risk.refused_ctes(p, gate)}\n{risk.REFUSED_SELECT}"
     return Statement(sql, p)
 
 

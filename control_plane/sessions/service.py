@@ -26,18 +26,28 @@ import base64
 import dataclasses
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import asyncpg
 
 from common.access_tokens import AccessClaims
 from common.auth import token_digest
-from common.errors import NoOrgSelected, NoSession, NotAMember, OrgAlreadySelected
-from common.ids import is_id
+from common.errors import (
+    BlockedByRiskPolicy,
+    NoOrgSelected,
+    NoSession,
+    NotAMember,
+    OrgAlreadySelected,
+    ServiceError,
+    StepUpRequired,
+)
+from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
+from control_plane.risk import service as risk
 from control_plane.sessions import repository
 from control_plane.sessions.repository import Head, user_update
 from control_plane.sessions.revocation import (
@@ -50,7 +60,7 @@ from control_plane.sessions.tokens import TokenService
 from control_plane.users.schemas import User
 from control_plane.web.actor import Actor
 
-__all__ = ["CurrentSession", "Grant", "Head", "change_organization", "current_session",
+__all__ = ["CurrentSession", "Grant", "Head", "Refused", "change_organization", "current_session",
            "ensure_active", "grant", "record_key_revocation", "refresh", "revoke_current",
            "revoke_user_sessions", "start_session", "user_update"]
 
@@ -66,17 +76,65 @@ def new_refresh_token() -> tuple[str, bytes]:
 # --- signing in --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A sign-in the risk engine refused: its statement committed the decision, the events and,
+    for a challenge, the step-up challenge; the caller raises ``error`` (StepUpRequired or
+    BlockedByRiskPolicy) once its transaction has committed."""
+
+    error: ServiceError
+
+
+def _refused_event(event: Mapping[str, object], a: risk.Assessment) -> dict[str, object]:
+    """The caller's ``auth.signin_attempt`` (written for a success) as a refusal by the risk
+    engine: outcome ``challenged`` or ``blocked``, about the decision, no session."""
+    outcome = "challenged" if a.decision == "challenge" else "blocked"
+    description = f"Sign-in {outcome} by the risk engine (score {a.score})"
+    metadata = {k: v for k, v in dict(event["event_metadata"]).items()  # type: ignore[call-overload]
+                if k != "session_id"}
+    metadata.update(outcome=outcome, description=description, **a.attempt_metadata())
+    return {**event, "event_metadata": metadata, "event_description": description,
+            "event_target_type": "risk_decision", "event_target_id": a.decision_id}
+
+
+def _with_risk(event: Mapping[str, object], a: risk.Assessment, *, step_up: bool) -> dict[str, object]:
+    """``auth.signin_attempt`` with the decision (SPEC.md 6: score, decision, reasons) and the
+    device as the risk engine knows it (its label and fingerprint beside what the client sent).
+    A step-up's event (``auth.step_up_satisfied``) names the challenged decision already: only
+    the device is added."""
+    metadata = dict(event["event_metadata"])  # type: ignore[call-overload]
+    if not step_up:
+        metadata.update(a.attempt_metadata())
+    if a.device is not None:
+        metadata["device"] = {**dict(metadata.get("device") or {}), "label": a.device.label,
+                              "fingerprint": a.device.fingerprint}
+    return {**event, "event_metadata": metadata}
+
+
 async def start_session(
     conn: asyncpg.Connection, settings: Settings, *, session_id: str, project_id: str,
     user_id: str, auth_method: str, actor: Actor, iat: int, event: Mapping[str, object],
-    organization_id: str | None = None, verified: Literal["email", "sms"] | None = None,
-    head: Head = user_update, gate: str = "", head_values: Mapping[str, object] | None = None,
-) -> tuple[Session, str, User] | None:
-    """Sign ``user_id`` in, in one statement (``repository.sign_in_statement``): the session
-    ``session_id`` (``new_id("sess")``), its first refresh token, the user's ``last_sign_in_at``
-    (and the ``verified`` channel marked verified) and the audit ``event``
-    (``audit.event_params``; the organization picked is merged into its metadata). Returns
-    (the session, its refresh token, the user).
+    risk_engine: risk.RiskEngine, hints: Mapping[str, Any] | None = None, new_user: bool = False,
+    step_up: bool = False, organization_id: str | None = None,
+    verified: Literal["email", "sms"] | None = None, head: Head = user_update, gate: str = "",
+    head_values: Mapping[str, object] | None = None,
+) -> tuple[Session, str, User] | Refused | None:
+    """Score the sign-in of ``user_id`` with the risk engine, then sign the user in, in one
+    statement (``repository.sign_in_statement``): the session ``session_id``
+    (``new_id("sess")``), its first refresh token, the user's ``last_sign_in_at`` (and the
+    ``verified`` channel marked verified), the audit ``event`` (``audit.event_params`` of
+    ``auth.signin_attempt``; the organization picked and the decision are merged into its
+    metadata), the risk decision with ``auth.risk_evaluated``, and what the sign-in teaches
+    the risk engine (device, network, country, location). Returns (the session, its refresh
+    token, the user).
+
+    The risk engine (``risk_engine.assess``) sees the request's address and user agent
+    (``actor``) and the client ``hints``; ``new_user``: the user is created by this sign-in (no
+    history). A ``challenge`` or ``block`` runs ``repository.refusal_statement`` instead (the
+    head still uses up its proof; the decision, the events and a challenge's step-up challenge
+    are written, no session) and returns :class:`Refused`, whose error the caller raises once
+    its transaction committed. ``step_up``: this sign-in ends a step-up (its head used the
+    challenge up): not scored again, only its facts remembered.
 
     The organization is ``organization_id`` when given (an accepted invitation) and the
     membership there is active, else the one organization of a user with exactly one active
@@ -88,22 +146,66 @@ async def start_session(
     None is returned), its parameters in ``head_values``. With the default head, a user deleted
     meanwhile raises NoSession.
     """
+    attempt = risk.SignInAttempt(project_id=project_id, user_id=user_id, new_user=new_user,
+                                 method=auth_method, ip=actor.ip, user_agent=actor.user_agent,
+                                 hints=dict(hints or {}))
+    assessment = (risk_engine.observe(attempt) if step_up
+                  else await risk_engine.assess(conn, attempt))
+    common: dict[str, object] = {
+        "project_id": project_id, "user_id": user_id, "organization_id": organization_id,
+        "verified_email": verified == "email", "verified_sms": verified == "sms",
+        **(head_values or {}),
+    }
+    if assessment.decision != "allow":
+        return await _refuse(conn, settings, actor, assessment, event, common, head, gate,
+                             method=auth_method)
     refresh_token, digest = new_refresh_token()
     statement = repository.sign_in_statement(head, gate)
     values: dict[str, object] = {
-        "session_id": session_id, "project_id": project_id, "user_id": user_id,
-        "organization_id": organization_id, "auth_method": auth_method, "ip": actor.ip,
-        "user_agent": actor.user_agent, "session_ttl": timedelta(seconds=settings.session_ttl_seconds),
+        **common, "session_id": session_id, "auth_method": auth_method, "ip": actor.ip,
+        "user_agent": actor.user_agent, "signing_in": True,
+        "session_ttl": timedelta(seconds=settings.session_ttl_seconds),
         "access_expires": iat + settings.access_token_ttl_seconds, "refresh_hash": digest,
-        "verified_email": verified == "email", "verified_sms": verified == "sms",
-        **event, **(head_values or {}),
+        **_with_risk(event, assessment, step_up=step_up),
+        **risk.allowed_values(assessment, actor, project_id=project_id, method=auth_method),
     }
-    row = await conn.fetchrow(statement.sql, *statement.params.bind(values))
+    row = await conn.fetchrow(statement.sql, *statement.params.bind(
+        {k: v for k, v in values.items() if k in statement.params}))
     if row is None:
         if head is not user_update:
             return None
         raise NoSession("The user no longer exists.", details={"reason": "session_revoked"})
     return repository.session_of(row, row["role"]), refresh_token, repository.user_of(row, "user_")
+
+
+async def _refuse(conn: asyncpg.Connection, settings: Settings, actor: Actor,
+                  a: risk.Assessment, event: Mapping[str, object], common: dict[str, object],
+                  head: Head, gate: str, *, method: str) -> Refused | None:
+    """Record a sign-in by ``method`` the risk engine challenged or blocked
+    (``repository.refusal_statement``) and answer the error to raise; None when the head's gate
+    failed (nothing written)."""
+    project_id = str(common["project_id"])
+    challenge_id = new_id("chal")
+    ttl = timedelta(seconds=settings.step_up_ttl_seconds)
+    statement = repository.refusal_statement(head, gate)
+    values: dict[str, object] = {
+        **common, "signing_in": False, **_refused_event(event, a),
+        **risk.refused_values(a, actor, project_id=project_id, method=method,
+                              challenge_id=challenge_id, ttl=ttl),
+    }
+    row = await conn.fetchrow(statement.sql, *statement.params.bind(
+        {k: v for k, v in values.items() if k in statement.params}))
+    if row is None:
+        if head is not user_update:
+            return None
+        raise NoSession("The user no longer exists.", details={"reason": "session_revoked"})
+    if a.decision == "block":
+        return Refused(BlockedByRiskPolicy(details={"decision_id": a.decision_id}))
+    methods = [m for m, possible in (("passkey", row["passkey_possible"]),
+                                     ("magic_link", row["link_possible"])) if possible]
+    return Refused(StepUpRequired(details={
+        "challenge_id": challenge_id, "decision_id": a.decision_id, "methods": methods,
+        "expires_in": settings.step_up_ttl_seconds}))
 
 
 async def grant(tokens: TokenService, settings: Settings, *, project_id: str, session: Session,

@@ -60,6 +60,16 @@ class Actor:
                                    project_id=project_id or self.project_id)
 
 
+def client_device(request: web.Request) -> dict[str, Any]:
+    """What the client says about its device: the User-Agent and the User-Agent Client Hints
+    (RFC 8942) it sent, verbatim; recorded with a sign-in attempt, and what the risk engine
+    fingerprints."""
+    h = request.headers
+    hints = {"platform": h.get("Sec-CH-UA-Platform"), "mobile": h.get("Sec-CH-UA-Mobile"),
+             "brands": h.get("Sec-CH-UA")}
+    return {"user_agent": h.get("User-Agent"), **{k: v for k, v in hints.items() if v}}
+
+
 def system_actor(name: str) -> Actor:
     """The actor of a background worker (``name``: what it is, e.g. ``signing_key_rotation``)."""
     return Actor(type="system", id=name)

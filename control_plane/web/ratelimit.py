@@ -15,6 +15,7 @@ retries reconnect by themselves: the first request after Redis returns is served
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import time
@@ -85,3 +86,17 @@ class RateLimits:
 
     def limit(self, scope: str, rates: str) -> RateLimit:
         return RateLimit(self._limiter, scope, rates)
+
+
+def client_bucket(ip: str) -> str:
+    """What a per-IP limit counts: the address, or for IPv6 its /64, which one subscriber
+    usually holds whole (RFC 6177) and could otherwise rotate through."""
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return ip
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)

@@ -310,7 +310,13 @@ async def test_sign_in_records_attempts_with_device_ip_and_user_agent(
     m = event["metadata"]
     assert m["method"] == "magic_link" and m["outcome"] == "success"
     assert m["ip"] == "127.0.0.1" and m["user_agent"].startswith("Mozilla/5.0")
-    assert m["device"] == {"user_agent": m["user_agent"], "platform": '"Linux"', "mobile": "?0"}
+    device = m["device"]
+    assert {k: device[k] for k in ("user_agent", "platform", "mobile")} == {
+        "user_agent": m["user_agent"], "platform": '"Linux"', "mobile": "?0"}
+    # What the risk engine made of it (SPEC.md 6: score, decision, reasons, device).
+    assert device["label"] == "an unknown browser on Linux" and len(device["fingerprint"]) == 32
+    assert m["decision"] == "allow" and m["score"] == 0 and m["reasons"] == []
+    assert m["decision_id"].startswith("rd_")
     assert event["user_id"] == r.body["user"]["id"] and event["actor_type"] == "user"
     assert event["target_id"] == r.body["session"]["id"]
 

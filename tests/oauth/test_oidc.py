@@ -455,3 +455,45 @@ async def test_apple_shaped_provider_answers_by_form_post(
     async with ClientSession() as other, other.post(apple_service.base_url + path,
                                                     data=fields) as refused:
         assert refused.status == 400 and not refused.headers.getall("Set-Cookie", [])
+
+
+# --- the risk engine --------------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture
+async def guarded_service(settings_factory: Callable[..., Settings],
+                          http: ClientSession) -> AsyncIterator[Api]:
+    """The service behind a trusted proxy on loopback, with 203.0.113.0/24 a known-bad network."""
+    settings = settings_factory(trusted_proxies="127.0.0.1/32",
+                                risk_blocked_networks="203.0.113.0/24")
+    async with serving(http, combined_app(settings)) as api:
+        yield api
+
+
+async def test_a_sign_in_from_a_known_bad_network_is_blocked_and_recorded_once(
+        browser: ClientSession, guarded_service: Api, oidc_peer: OidcPeer, prefix: str,
+        db: asyncpg.Pool) -> None:
+    """The callback is scored like every primary sign-in: from a blocked network it answers 403
+    ``blocked_by_risk_policy``, sets no session cookie and starts no session; the attempt is
+    recorded once, as blocked (not again as a failure), with its decision."""
+    project = await bootstrap_project(guarded_service, "guarded")
+    assert (await configure(project, "corp", issuer=oidc_peer.issuer)).status == 201
+    account = await oidc_peer.account(email=email())
+    r = await start(browser, guarded_service, project, "corp")
+    callback = await authorize(browser, r.headers["Location"], account=account,
+                               callback_prefix=prefix)
+    done = await fetch(browser, guarded_service, callback,
+                       headers={"Accept": "application/json", "X-Forwarded-For": "203.0.113.40"})
+    assert_error(done, 403, "blocked_by_risk_policy")
+    assert not sets_cookie(done)
+    decision_id = done.body["error"]["details"]["decision_id"]
+    decision = (await project.api.get(f"/v1/risk/decisions/{decision_id}")).body
+    assert (decision["method"], decision["decision"], decision["inputs"]["ip"]) == (
+        "oauth", "block", "203.0.113.40")
+    assert decision["reasons"] == ["203.0.113.40 is in the blocked network 203.0.113.0/24"]
+    [attempt] = await events(db, project.id, "auth.signin_attempt")
+    assert (attempt["metadata"]["outcome"], attempt["metadata"]["decision_id"]) == ("blocked", decision_id)
+    assert attempt["metadata"]["provider"] == "corp"
+    [blocked] = await events(db, project.id, "auth.blocked_by_risk_policy")
+    assert blocked["metadata"]["decision_id"] == decision_id
+    assert await db.fetchval("SELECT count(*) FROM sessions WHERE project_id = $1", project.id) == 0

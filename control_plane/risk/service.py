@@ -1,0 +1,490 @@
+"""Risk rules: the project's policy, the scoring of each primary sign-in, the decisions read back,
+and what a step-up needs (SPEC.md 1, 5.5, 6; DESIGN.md "risk").
+
+Scoring (:meth:`RiskEngine.assess`), before the sign-in writes anything:
+
+1. The attempt as the signals see it (``signals.base.Attempt``): the client address (the peer,
+   or ``X-Forwarded-For`` behind ``SERVICE_TRUSTED_PROXIES``: nobody picks their own score),
+   its device fingerprint (``inputs.device``), its place in the GeoIP database, and the attempts
+   from that address and on that account in the velocity window, counted in Redis (sorted sets,
+   one pipelined round trip; out of reach within :data:`VELOCITY_TIMEOUT_SECONDS`, the
+   velocity signals say so and do not fire: Redis never stops a sign-in).
+2. In one query, the policy and the user's history (``repository.HISTORY``).
+3. Every enabled signal; the score is the fired ones' weights summed, capped at 100; ``block``
+   at or above ``threshold_block``, ``challenge`` at or above ``threshold_challenge``, else
+   ``allow``.
+
+The sign-in then records it in its own statement (``sessions.service.start_session`` with
+:func:`allowed_values` or :func:`refused_values` and the CTEs of ``repository``), so the
+decision, the user's facts and the events commit with the sign-in. ``SERVICE_RISK_ENGINE=off``
+scores nothing (:meth:`RiskEngine.observe`): sign-ins are allowed and still teach the history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import asyncpg
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from common.errors import NotFound, UnknownOrExpiredChallenge
+from common.ids import is_id, new_id
+from common.settings import Settings
+from control_plane.audit import service as audit
+from control_plane.risk import repository, signals
+from control_plane.risk.inputs import Device, GeoIp, device, warm_up
+from control_plane.risk.repository import allowed_ctes, refused_ctes, step_up_cte
+from control_plane.risk.schemas import (
+    Decision,
+    DecisionKind,
+    DecisionsQuery,
+    Policy,
+    PolicyBody,
+    SignalPolicy,
+    SignalResult,
+    default_policy,
+)
+from control_plane.risk.signals.base import Attempt, History, LastSignIn, Limits, Place
+from control_plane.web.actor import Actor
+from control_plane.web.pagination import Listing, Page, page_of, position
+from control_plane.web.ratelimit import client_bucket
+
+__all__ = [
+    "REFUSED_SELECT",
+    "Assessment",
+    "Challenge",
+    "RiskEngine",
+    "SignInAttempt",
+    "allowed_ctes",
+    "allowed_values",
+    "current_policy",
+    "fail_challenge",
+    "find_challenge",
+    "find_decision",
+    "list_decisions",
+    "refused_ctes",
+    "refused_values",
+    "set_policy",
+    "step_up_cte",
+]
+
+log = logging.getLogger("authio.risk")
+
+VELOCITY_TIMEOUT_SECONDS: Final = 0.5
+"""The longest a sign-in waits for the attempt counters."""
+REFUSED_SELECT: Final = repository.REFUSED_SELECT
+LISTING: Final = "risk_decisions"
+
+
+# --- the attempt and its assessment ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SignInAttempt:
+    """A primary sign-in about to start a session: of ``user_id`` (``new_user``: created by this
+    very sign-in) in ``project_id``, by ``method`` (``magic_link``, ``passkey``, ``oauth``), from
+    ``ip`` with ``user_agent`` and the client ``hints`` it sent (``platform``, ``mobile``)."""
+
+    project_id: str
+    user_id: str
+    new_user: bool
+    method: str
+    ip: str | None
+    user_agent: str | None
+    hints: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """What the risk engine made of a sign-in: the decision (``decision_id``, ``score``,
+    ``decision``, every enabled signal's result, the fired ``reasons``, the ``inputs`` seen, the
+    thresholds applied) and what a successful sign-in teaches (``device``, ``place``).
+    ``scored`` is false for a sign-in that was not scored (a step-up's, or the engine off)."""
+
+    decision_id: str
+    scored: bool
+    score: int
+    decision: DecisionKind
+    signals: tuple[SignalResult, ...]
+    reasons: tuple[str, ...]
+    inputs: dict[str, Any]
+    threshold_challenge: int
+    threshold_block: int
+    device: Device | None
+    place: Place | None
+
+    @property
+    def fired(self) -> list[str]:
+        return [s.name for s in self.signals if s.fired]
+
+    def attempt_metadata(self) -> dict[str, Any]:
+        """What ``auth.signin_attempt`` records of the decision (SPEC.md 6: score, decision,
+        reasons, with the device, IP and user agent the attempt has already); with the engine
+        off, that nothing was scored."""
+        if not self.scored:
+            return {"score": None, "decision": "allow", "reasons": [], "decision_id": None,
+                    "risk_engine": "off"}
+        return {"score": self.score, "decision": self.decision, "reasons": list(self.reasons),
+                "decision_id": self.decision_id}
+
+
+def _limits(settings: Settings) -> Limits:
+    return Limits(
+        ip_attempts=settings.risk_ip_attempts,
+        destination_attempts=settings.risk_destination_attempts,
+        failed_attempts=settings.risk_failed_attempts,
+        window_seconds=settings.risk_velocity_window_seconds,
+        failed_window_seconds=settings.risk_failed_window_seconds,
+        travel_max_kmh=settings.risk_travel_max_kmh, travel_min_km=settings.risk_travel_min_km)
+
+
+class RiskEngine:
+    """The app's risk engine (``control_plane.appkeys.RISK``): the settings' limits and known-bad
+    networks, the GeoIP database (when ``SERVICE_GEOIP_DATABASE`` names one) and the Redis
+    counters."""
+
+    def __init__(self, settings: Settings, redis: Redis) -> None:
+        self.on = settings.risk_engine == "on"
+        self.limits = _limits(settings)
+        self.blocked = settings.risk_blocked_network_list
+        self.geo = GeoIp(settings.geoip_database) if settings.geoip_database else None
+        self.redis = redis
+        self.key_prefix = settings.redis_prefix + "risk:"
+        self.failed_window = timedelta(seconds=settings.risk_failed_window_seconds)
+        self.step_up_ttl = timedelta(seconds=settings.step_up_ttl_seconds)
+
+    async def start(self) -> None:
+        """Load the User-Agent parser's regexes now rather than in the first sign-in."""
+        await asyncio.to_thread(warm_up)
+
+    def close(self) -> None:
+        if self.geo is not None:
+            self.geo.close()
+
+    def _blocked_network(self, ip: str | None) -> str | None:
+        if not ip or not self.blocked:
+            return None
+        try:
+            address = ipaddress.ip_address(ip)
+        except ValueError:
+            return None
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return next((str(n) for n in self.blocked if address in n), None)
+
+    async def _counts(self, attempt: SignInAttempt) -> tuple[int | None, int | None]:
+        """Attempts from the address and on the account in the velocity window, this one
+        counted in: one pipelined round trip of sorted-set commands (members are the attempts'
+        millisecond times made unique; each set holds at most twice its limit, so a flood costs
+        bounded memory and still counts over the limit). (None, None) when Redis does not
+        answer within :data:`VELOCITY_TIMEOUT_SECONDS`."""
+        window_ms = self.limits.window_seconds * 1000
+        now_ms = int(time.time() * 1000)
+        member = f"{now_ms}:{secrets.token_hex(4)}"
+        base = f"{self.key_prefix}{attempt.project_id}:"
+        keys = [(f"{base}user:{attempt.user_id}", 2 * self.limits.destination_attempts)]
+        if attempt.ip:
+            keys.insert(0, (f"{base}ip:{client_bucket(attempt.ip)}", 2 * self.limits.ip_attempts))
+        pipe = self.redis.pipeline(transaction=False)
+        for key, cap in keys:
+            pipe.zremrangebyscore(key, 0, now_ms - window_ms)
+            pipe.zadd(key, {member: now_ms})
+            pipe.zremrangebyrank(key, 0, -(cap + 1))
+            pipe.zcard(key)
+            pipe.pexpire(key, window_ms)
+        try:
+            async with asyncio.timeout(VELOCITY_TIMEOUT_SECONDS):
+                results = await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            log.warning("risk: attempt counters out of reach (%s: %s); velocity not evaluated",
+                        type(exc).__name__, exc)
+            return None, None
+        counts = [int(results[i * 5 + 3]) for i in range(len(keys))]
+        return (counts[0], counts[1]) if attempt.ip else (None, counts[0])
+
+    def _seen(self, attempt: SignInAttempt) -> tuple[Device | None, Place | None]:
+        found = device(attempt.user_agent, attempt.hints)
+        place = self.geo.place(attempt.ip) if self.geo is not None else None
+        return found, place
+
+    def observe(self, attempt: SignInAttempt) -> Assessment:
+        """The facts of a sign-in that is not scored (a step-up's: it was scored when
+        challenged; or the engine off): its device and place, to remember once it succeeds."""
+        found, place = self._seen(attempt)
+        return Assessment(new_id("rd"), False, 0, "allow", (), (), {}, 0, 0, found, place)
+
+    async def assess(self, conn: asyncpg.Connection, attempt: SignInAttempt) -> Assessment:
+        """Score ``attempt`` (see the module docstring); nothing is written but the attempt
+        counters. With the engine off, :meth:`observe`."""
+        if not self.on:
+            return self.observe(attempt)
+        found, place = self._seen(attempt)
+        counting = asyncio.ensure_future(self._counts(attempt))
+        try:
+            if attempt.new_user:
+                row = await conn.fetchrow(repository.POLICY, attempt.project_id)
+            else:
+                row = await conn.fetchrow(
+                    repository.HISTORY, attempt.project_id, attempt.user_id,
+                    found.fingerprint if found else None, place.network if place else None,
+                    place.country if place else None, self.failed_window)
+        finally:
+            ip_attempts, destination_attempts = await counting
+        assert row is not None
+        policy = _policy_of(row)
+        history = _history_of(row) if not attempt.new_user else History()
+        seen = Attempt(ip=attempt.ip, device=found.fingerprint if found else None,
+                       device_label=found.label if found else "no device",
+                       geo=self.geo is not None, place=place, at=time.time(),
+                       ip_attempts=ip_attempts, destination_attempts=destination_attempts,
+                       blocked_network=self._blocked_network(attempt.ip))
+        results = []
+        for name, evaluate in signals.EVALUATORS.items():
+            setting = policy.signals[name]
+            if setting.enabled:
+                outcome = evaluate(seen, history, self.limits)
+                results.append(SignalResult(name, outcome.fired,
+                                            setting.weight if outcome.fired else 0, outcome.reason))
+        score = min(100, sum(r.contribution for r in results))
+        decision: DecisionKind = ("block" if score >= policy.threshold_block else
+                                  "challenge" if score >= policy.threshold_challenge else "allow")
+        inputs = {
+            "ip": attempt.ip, "user_agent": attempt.user_agent,
+            "device": {"fingerprint": found.fingerprint, "label": found.label} if found else None,
+            "geoip": self.geo is not None,
+            "place": dataclasses.asdict(place) if place else None,
+            "ip_attempts": ip_attempts, "destination_attempts": destination_attempts,
+            "failed_attempts": history.failed_attempts,
+            "last_sign_in": _last(history.last),
+            "new_user": attempt.new_user,
+            "thresholds": {"challenge": policy.threshold_challenge, "block": policy.threshold_block},
+        }
+        return Assessment(new_id("rd"), True, score, decision, tuple(results),
+                          tuple(r.reason for r in results if r.fired), inputs,
+                          policy.threshold_challenge, policy.threshold_block, found, place)
+
+
+def _last(last: LastSignIn | None) -> dict[str, Any] | None:
+    """The last located sign-in as a decision's inputs show it (its time in RFC 3339)."""
+    if last is None:
+        return None
+    at = datetime.fromtimestamp(last.at, UTC).isoformat().replace("+00:00", "Z")
+    return {**dataclasses.asdict(last), "at": at}
+
+
+def _history_of(row: asyncpg.Record) -> History:
+    last = None
+    if row["latitude"] is not None:
+        last = LastSignIn(row["latitude"], row["longitude"], row["last_at"], row["last_country"],
+                          row["last_city"])
+    return History(devices_known=row["devices_known"], device_seen=row["device_seen"],
+                   networks_known=row["networks_known"], network_seen=row["network_seen"],
+                   countries_known=row["countries_known"], country_seen=row["country_seen"],
+                   last=last, failed_attempts=row["failed_attempts"])
+
+
+# --- what the sign-in statement records --------------------------------------------------------
+
+
+def _decision_values(a: Assessment, method: str) -> dict[str, object]:
+    return {"rd_id": a.decision_id, "rd_method": method, "rd_score": a.score,
+            "rd_signals": [dataclasses.asdict(s) for s in a.signals],
+            "rd_reasons": list(a.reasons), "rd_inputs": a.inputs}
+
+
+def _risk_event(a: Assessment, actor: Actor, project_id: str, method: str) -> dict[str, object]:
+    """``auth.risk_evaluated``: the compact mirror of the decision (SPEC.md 6)."""
+    return audit.event_params(
+        actor, name="risk_event", action="auth.risk_evaluated", project_id=project_id,
+        target_type="risk_decision", target_id=a.decision_id, user_id=actor.id,
+        description=f"Risk score {a.score}: {a.decision}",
+        metadata={"decision_id": a.decision_id, "score": a.score, "decision": a.decision,
+                  "signals": a.fired, "reasons": list(a.reasons), "method": method,
+                  "threshold_challenge": a.threshold_challenge,
+                  "threshold_block": a.threshold_block})
+
+
+def allowed_values(a: Assessment, actor: Actor, *, project_id: str, method: str) -> dict[str, object]:
+    """The parameters of ``allowed_ctes`` for a sign-in ``a`` allowed (or did not score): the
+    decision when scored, the facts to remember (device, network, country) and the location."""
+    kinds, values = [], []
+    if a.device is not None:
+        kinds.append("device")
+        values.append(a.device.fingerprint)
+    if a.place is not None:
+        for kind, value in (("network", a.place.network), ("country", a.place.country)):
+            if value:
+                kinds.append(kind)
+                values.append(value)
+    located = a.place is not None and a.place.latitude is not None and a.place.longitude is not None
+    place = a.place
+    return {**_decision_values(a, method), "rd_record": a.scored,
+            "rk_kinds": kinds, "rk_values": values,
+            "rl_ip": actor.ip, "rl_country": place.country if place else None,
+            "rl_city": place.city if place else None,
+            "rl_latitude": place.latitude if located and place else None,
+            "rl_longitude": place.longitude if located and place else None,
+            **_risk_event(a, actor, project_id, method)}
+
+
+def refused_values(a: Assessment, actor: Actor, *, project_id: str, method: str,
+                   challenge_id: str, ttl: timedelta) -> dict[str, object]:
+    """The parameters of ``refused_ctes`` for a sign-in ``a`` challenged or blocked: the
+    decision, the challenge ``challenge_id`` lasting ``ttl``, ``auth.risk_evaluated`` and the
+    outcome's event (``auth.step_up_required`` or ``auth.blocked_by_risk_policy``)."""
+    if a.decision == "challenge":
+        outcome = audit.event_params(
+            actor, name="outcome_event", action="auth.step_up_required", project_id=project_id,
+            target_type="step_up_challenge", target_id=challenge_id, user_id=actor.id,
+            description=f"Step-up required: risk score {a.score} reached {a.threshold_challenge}",
+            metadata={"challenge_id": challenge_id, "decision_id": a.decision_id,
+                      "score": a.score, "threshold_challenge": a.threshold_challenge,
+                      "reasons": list(a.reasons), "method": method,
+                      "expires_in": int(ttl.total_seconds())})
+    else:
+        outcome = audit.event_params(
+            actor, name="outcome_event", action="auth.blocked_by_risk_policy",
+            project_id=project_id, target_type="risk_decision", target_id=a.decision_id,
+            user_id=actor.id,
+            description=f"Sign-in blocked: risk score {a.score} reached {a.threshold_block}",
+            metadata={"decision_id": a.decision_id, "score": a.score,
+                      "threshold_block": a.threshold_block, "reasons": list(a.reasons),
+                      "method": method})
+    return {**_decision_values(a, method), "rd_decision": a.decision, "ch_id": challenge_id,
+            "ch_ttl": ttl, **_risk_event(a, actor, project_id, method), **outcome}
+
+
+# --- the policy --------------------------------------------------------------------------------
+
+
+def _policy_of(row: asyncpg.Record | None) -> Policy:
+    """The policy of a row of ``risk_policies`` (None, or nulls: the default), every signal
+    present: one the row does not set keeps its default."""
+    base = default_policy()
+    if row is None or row["threshold_block"] is None:
+        return base
+    stored = row["signals"] or {}
+    merged = {name: SignalPolicy(bool(stored[name].get("enabled", True)),
+                                 int(stored[name]["weight"]), default.description)
+              if isinstance(stored.get(name), dict) and "weight" in stored[name] else default
+              for name, default in base.signals.items()}
+    return Policy(row["threshold_challenge"], row["threshold_block"], merged, False,
+                  row.get("updated_at"))
+
+
+async def current_policy(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> Policy:
+    """The project's policy, or the default while it never set one."""
+    return _policy_of(await repository.find_policy(conn, project_id))
+
+
+async def set_policy(conn: asyncpg.Connection, actor: Actor, *, body: PolicyBody) -> Policy:
+    """Replace the actor's project's policy with ``body`` (signals it leaves out take their
+    defaults) and record ``risk.policy.updated`` with the new thresholds and the number of
+    enabled signals (SPEC.md 6), in one transaction."""
+    project_id = actor.project_id
+    assert project_id is not None
+    defaults = default_policy().signals
+    chosen: dict[str, dict[str, Any]] = {
+        name: {"enabled": body.signals[name].enabled, "weight": body.signals[name].weight}
+              if name in body.signals else {"enabled": d.enabled, "weight": d.weight}
+              for name, d in defaults.items()}
+    async with conn.transaction():
+        updated = await repository.put_policy(conn, project_id, body.threshold_challenge,
+                                              body.threshold_block, chosen)
+        policy = Policy(body.threshold_challenge, body.threshold_block,
+                        {n: SignalPolicy(v["enabled"], v["weight"], defaults[n].description)
+                         for n, v in chosen.items()}, False, updated)
+        await audit.record(
+            conn, actor, action="risk.policy.updated", target_type="risk_policy",
+            target_id=project_id,
+            description=(f"Risk policy: challenge at {policy.threshold_challenge}, block at "
+                         f"{policy.threshold_block}, {policy.enabled_count} signals enabled"),
+            metadata={"threshold_challenge": policy.threshold_challenge,
+                      "threshold_block": policy.threshold_block,
+                      "enabled_signals": policy.enabled_count, "signals": chosen})
+    return policy
+
+
+# --- decisions ---------------------------------------------------------------------------------
+
+
+def _decision_of(row: asyncpg.Record) -> Decision:
+    return Decision(
+        id=row["id"], user_id=row["user_id"], session_id=row["session_id"], method=row["method"],
+        score=row["score"], decision=row["decision"],
+        signals=[SignalResult(**s) for s in row["signals"]], reasons=list(row["reasons"]),
+        inputs=row["inputs"], step_up_challenge_id=row["step_up_challenge_id"],
+        created_at=row["created_at"])
+
+
+async def find_decision(pool: asyncpg.Pool, project_id: str, decision_id: str) -> Decision:
+    """The project's decision ``decision_id``. Raises NotFound (another project's too)."""
+    row = None
+    if is_id(decision_id, "rd"):
+        row = await repository.find_decision(pool, project_id, decision_id)
+    if row is None:
+        raise NotFound("No risk decision with that id in this project.")
+    return _decision_of(row)
+
+
+async def list_decisions(pool: asyncpg.Pool, listing: Listing, query: DecisionsQuery) -> Page[Decision]:
+    """A page of the project's decisions, newest first, filtered by ``query``. Raises
+    InvalidRequest (cursor)."""
+    at = position(query, listing, key_len=1)
+    rows = await repository.list_decisions(
+        pool, listing.project_id, user=query.user, decision=query.decision, since=query.since,
+        until=query.to, after=at.after[0] if at.after else None, limit=at.limit + 1)
+    return page_of([_decision_of(r) for r in rows], at, listing, key=lambda d: [d.id])
+
+
+# --- step-up challenges ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """A pending, unexpired step-up challenge (``expires_in``: whole seconds left, at least 1),
+    its user's verified contacts and whether the user has a passkey."""
+
+    id: str
+    project_id: str
+    user_id: str
+    decision_id: str
+    method: str
+    organization_id: str | None
+    expires_in: int
+    email: str | None
+    phone_number: str | None
+    has_passkey: bool
+
+
+async def find_challenge(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                         challenge_id: str) -> Challenge:
+    """The project's challenge ``challenge_id`` while it can still be satisfied, with the
+    user's verified e-mail and phone number (None when not verified). Raises
+    UnknownOrExpiredChallenge for an unknown, used, failed or expired one, or another
+    project's."""
+    row = await conn.fetchrow(repository.CHALLENGE, challenge_id, project_id)
+    if row is None or row["status"] != "pending" or row["expired"]:
+        state = "expired" if row is not None and row["expired"] else (
+            row["status"] if row is not None else "unknown")
+        raise UnknownOrExpiredChallenge(
+            "The step-up challenge is unknown, already used or expired; sign in again.",
+            details={"challenge_id": challenge_id, "state": "used" if state == "satisfied" else state})
+    return Challenge(row["id"], row["project_id"], row["user_id"], row["decision_id"],
+                     row["method"], row["organization_id"], max(1, int(row["seconds_left"])),
+                     row["email"] if row["email_verified"] else None,
+                     row["phone_number"] if row["phone_verified"] else None, row["has_passkey"])
+
+
+async def fail_challenge(conn: asyncpg.Connection, challenge_id: str) -> None:
+    """Use up a pending challenge whose proof was refused: it satisfies nothing from then on."""
+    await repository.fail_challenge(conn, challenge_id)
