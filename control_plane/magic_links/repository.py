@@ -81,12 +81,14 @@ FOR NO KEY UPDATE"""
 /v1/users locks the user, then its links through the foreign key, so the same order cannot
 deadlock."""
 
-STATE: Final = """
-SELECT project_id, user_id, purpose, channel,
-       CASE WHEN consumed_at IS NOT NULL THEN 'consumed'
-            WHEN expires_at <= now() THEN 'expired' END AS state
-FROM magic_link_tokens WHERE token_hash = $1"""
-"""Why a token could not be used: ``consumed`` or ``expired`` (or no row: unknown)."""
+STATE: Final = f"""
+SELECT t.project_id, coalesce(t.user_id, found.id) AS user_id, t.purpose, t.channel,
+       CASE WHEN t.consumed_at IS NOT NULL THEN 'consumed'
+            WHEN t.expires_at <= now() THEN 'expired' END AS state
+FROM magic_link_tokens t {_FOUND_USER} WHERE t.token_hash = $1"""
+"""Why a token could not be used: ``consumed`` or ``expired`` (or no row: unknown), and whose
+it is: the user it was sent to, else the user of its destination (a first sign-in's link names
+nobody when sent; its replays are that user's failed attempts)."""
 
 
 def _use_token(p: Params, condition: str) -> str:

@@ -85,30 +85,29 @@ class Refused:
     error: ServiceError
 
 
-def _refused_event(event: Mapping[str, object], a: risk.Assessment) -> dict[str, object]:
-    """The caller's ``auth.signin_attempt`` (written for a success) as a refusal by the risk
-    engine: outcome ``challenged`` or ``blocked``, about the decision, no session."""
-    outcome = "challenged" if a.decision == "challenge" else "blocked"
-    description = f"Sign-in {outcome} by the risk engine (score {a.score})"
-    metadata = {k: v for k, v in dict(event["event_metadata"]).items()  # type: ignore[call-overload]
-                if k != "session_id"}
-    metadata.update(outcome=outcome, description=description, **a.attempt_metadata())
-    return {**event, "event_metadata": metadata, "event_description": description,
-            "event_target_type": "risk_decision", "event_target_id": a.decision_id}
-
-
-def _with_risk(event: Mapping[str, object], a: risk.Assessment, *, step_up: bool) -> dict[str, object]:
-    """``auth.signin_attempt`` with the decision (SPEC.md 6: score, decision, reasons) and the
-    device as the risk engine knows it (its label and fingerprint beside what the client sent).
-    A step-up's event (``auth.step_up_satisfied``) names the challenged decision already: only
-    the device is added."""
+def _with_risk(event: Mapping[str, object], a: risk.Assessment, *, step_up: bool = False,
+               refused: bool = False) -> dict[str, object]:
+    """The caller's ``auth.signin_attempt`` with the decision (SPEC.md 6: score, decision,
+    reasons) and the device as the risk engine knows it (its label and fingerprint beside what
+    the client sent). ``refused``: the event was written for a success and the risk engine
+    challenged or blocked the sign-in: outcome ``challenged`` or ``blocked``, about the
+    decision, no session. ``step_up``: the event (``auth.step_up_satisfied``) names the
+    challenged decision already: only the device is added."""
     metadata = dict(event["event_metadata"])  # type: ignore[call-overload]
+    changed: dict[str, object] = {}
     if not step_up:
         metadata.update(a.attempt_metadata())
     if a.device is not None:
         metadata["device"] = {**dict(metadata.get("device") or {}), "label": a.device.label,
                               "fingerprint": a.device.fingerprint}
-    return {**event, "event_metadata": metadata}
+    if refused:
+        outcome = "challenged" if a.decision == "challenge" else "blocked"
+        description = f"Sign-in {outcome} by the risk engine (score {a.score})"
+        metadata.pop("session_id", None)
+        metadata.update(outcome=outcome, description=description)
+        changed = {"event_description": description, "event_target_type": "risk_decision",
+                   "event_target_id": a.decision_id}
+    return {**event, "event_metadata": metadata, **changed}
 
 
 async def start_session(
@@ -189,7 +188,7 @@ async def _refuse(conn: asyncpg.Connection, settings: Settings, actor: Actor,
     ttl = timedelta(seconds=settings.step_up_ttl_seconds)
     statement = repository.refusal_statement(head, gate)
     values: dict[str, object] = {
-        **common, "signing_in": False, **_refused_event(event, a),
+        **common, "signing_in": False, **_with_risk(event, a, refused=True),
         **risk.refused_values(a, actor, project_id=project_id, method=method,
                               challenge_id=challenge_id, ttl=ttl),
     }
