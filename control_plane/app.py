@@ -146,7 +146,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         yield
     finally:
         await app[OAUTH].close()
-        app[RISK].close()
+        await app[RISK].close()
 
 
 async def _workers(app: web.Application) -> AsyncIterator[None]:

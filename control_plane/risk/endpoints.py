@@ -65,6 +65,7 @@ async def put_risk_policy(call: Call, body: PolicyBody) -> web.Response:
     left out of ``signals`` keeps its default, and an unknown one is ``invalid_request``."""
     async with call.connection() as conn:
         policy = await service.set_policy(conn, call.actor, body=body)
+    call.app[RISK].forget_policy(call.project_id)
     return call.reply(policy)
 
 

@@ -26,6 +26,7 @@ from control_plane.risk.signals.base import Place
 MAX_USER_AGENT: Final = 1024
 """Longer User-Agent strings are cut before parsing (none real is this long)."""
 _PARSED: LRUCache[str, tuple[str, str, str]] = LRUCache(maxsize=4096)
+_DEVICES: LRUCache[tuple[str, str, str], Device] = LRUCache(maxsize=4096)
 _UNKNOWN: Final = "Other"
 
 
@@ -57,7 +58,15 @@ def device(user_agent: str | None, hints: dict[str, Any] | None = None) -> Devic
     mobile = str(hints.get("mobile") or "").strip()
     if not user_agent and not platform:
         return None
-    browser, system, kind = _families((user_agent or "")[:MAX_USER_AGENT])
+    key = (user_agent or "", platform, mobile)
+    found = _DEVICES.get(key)
+    if found is None:
+        found = _DEVICES[key] = _device(*key)
+    return found
+
+
+def _device(user_agent: str, platform: str, mobile: str) -> Device:
+    browser, system, kind = _families(user_agent[:MAX_USER_AGENT])
     key = "\x1f".join((browser, system, kind, platform, mobile))
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
     on = system if system != _UNKNOWN else (platform or "an unknown system")

@@ -57,15 +57,12 @@ async def put_policy(conn: asyncpg.Connection, project_id: str, threshold_challe
 
 HISTORY: Final = """
 SELECT p.threshold_challenge, p.threshold_block, p.signals,
-       EXISTS (SELECT 1 FROM risk_known WHERE user_id = $2 AND kind = 'device') AS devices_known,
-       EXISTS (SELECT 1 FROM risk_known WHERE user_id = $2 AND kind = 'device' AND value = $3)
-           AS device_seen,
-       EXISTS (SELECT 1 FROM risk_known WHERE user_id = $2 AND kind = 'network') AS networks_known,
-       EXISTS (SELECT 1 FROM risk_known WHERE user_id = $2 AND kind = 'network' AND value = $4)
-           AS network_seen,
-       EXISTS (SELECT 1 FROM risk_known WHERE user_id = $2 AND kind = 'country') AS countries_known,
-       EXISTS (SELECT 1 FROM risk_known WHERE user_id = $2 AND kind = 'country' AND value = $5)
-           AS country_seen,
+       coalesce(k.devices_known, false) AS devices_known,
+       coalesce(k.device_seen, false) AS device_seen,
+       coalesce(k.networks_known, false) AS networks_known,
+       coalesce(k.network_seen, false) AS network_seen,
+       coalesce(k.countries_known, false) AS countries_known,
+       coalesce(k.country_seen, false) AS country_seen,
        l.latitude, l.longitude, extract(epoch FROM l.signed_in_at)::float8 AS last_at,
        l.country AS last_country, l.city AS last_city,
        (SELECT count(*) FROM audit_events e
@@ -75,10 +72,20 @@ SELECT p.threshold_challenge, p.threshold_block, p.signals,
 FROM (SELECT 1) AS one
 LEFT JOIN risk_policies p ON p.project_id = $1
 LEFT JOIN risk_last_locations l ON l.user_id = $2
+LEFT JOIN (
+    SELECT bool_or(kind = 'device') AS devices_known,
+           bool_or(kind = 'device' AND value = $3) AS device_seen,
+           bool_or(kind = 'network') AS networks_known,
+           bool_or(kind = 'network' AND value = $4) AS network_seen,
+           bool_or(kind = 'country') AS countries_known,
+           bool_or(kind = 'country' AND value = $5) AS country_seen
+    FROM risk_known WHERE user_id = $2
+) k ON true
 """
-"""In one round trip: the project's policy (nulls: the default), the user's known facts against
-this attempt's device ``$3``, network ``$4`` and country ``$5``, the last located sign-in, and
-the refused sign-ins of the last ``$6`` (the audit log's user index)."""
+"""In one round trip: the project's policy (nulls: the default), the user's known facts (one
+scan of the user's ``risk_known`` rows) against this attempt's device ``$3``, network ``$4``
+and country ``$5``, the last located sign-in, and the refused sign-ins of the last ``$6`` (the
+audit log's user index)."""
 
 POLICY: Final = """SELECT p.threshold_challenge, p.threshold_block, p.signals
 FROM (SELECT 1) AS one LEFT JOIN risk_policies p ON p.project_id = $1"""
