@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
@@ -171,6 +172,15 @@ async def create_pool(dsn: str, *, max_size: int, min_size: int = 1,
     )
     assert pool is not None
     return pool
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """SQL assembled once (a hot path's), and the names of its parameters (:class:`Params`, by
+    name: bind them with ``statement.params.bind(values)``)."""
+
+    sql: str
+    params: Params
 
 
 class Params:

@@ -9,7 +9,7 @@ from typing import Final
 
 import asyncpg
 
-from common.db import Params
+from common.db import Params, Statement
 from control_plane.audit import service as audit
 from control_plane.risk import service as risk
 from control_plane.sessions import service as sessions
@@ -52,15 +52,26 @@ _FOUND_USER: Final = """LEFT JOIN LATERAL (
     WHERE t.channel = 'sms' AND project_id = t.project_id AND phone_number = t.destination
 ) found ON true"""
 
-LOOKUP: Final = f"""
+def _lookup(*, scored: bool) -> Statement:
+    p = Params()
+    history = risk.history_join(p, project="t.project_id", user="found.id") if scored else ""
+    sql = f"""
 SELECT t.project_id, t.purpose, t.channel, t.destination, t.user_id, found.id AS found_user_id
+       {", h.*" if scored else ""}
 FROM magic_link_tokens t {_FOUND_USER}
-WHERE t.token_hash = $1 AND t.consumed_at IS NULL AND t.expires_at > now()
-  AND ($2::text IS NULL OR t.project_id = $2) AND t.purpose IN ('signin', 'enrollment')
+{history}
+WHERE t.token_hash = {p['token_hash']} AND t.consumed_at IS NULL AND t.expires_at > now()
+  AND ({p['named_project']}::text IS NULL OR t.project_id = {p['named_project']})
+  AND t.purpose IN ('signin', 'enrollment')
 """
+    return Statement(sql, p)
+
+
+LOOKUPS: Final = {scored: _lookup(scored=scored) for scored in (True, False)}
 """The fast path's read, without a lock: a usable sign-in or enrollment link (not an
-invitation's or a step-up's) of hash ``$1`` (of project ``$2`` when named), with the user it
-names."""
+invitation's or a step-up's) of hash ``token_hash`` (of project ``named_project`` when named),
+with the user it names and, when the sign-in is scored (``True``), what the risk engine will
+score it against (``risk.history_join``, parameters ``risk_*``)."""
 
 CONSUME: Final = f"""
 WITH t AS (

@@ -93,7 +93,11 @@ async def _fast_sign_in(
     engine's read, then one statement that uses the link up only if it is still usable and
     signs in (creating the user on a first sign-in), or records the risk engine's refusal
     (returned: committed). None whenever anything is unusual: the general path then decides."""
-    token = await conn.fetchrow(repository.LOOKUP, digest, named_project)
+    lookup = repository.LOOKUPS[risk_engine.on]
+    values: dict[str, object] = {"token_hash": digest, "named_project": named_project}
+    if risk_engine.on:
+        values.update(risk_engine.history_values(actor.ip, actor.user_agent, attempt["device"]))
+    token = await conn.fetchrow(lookup.sql, *lookup.params.bind(values))
     if token is None or (token["user_id"] is not None and token["user_id"] != token["found_user_id"]):
         return None
     project_id, channel, destination = token["project_id"], token["channel"], token["destination"]
@@ -118,8 +122,9 @@ async def _fast_sign_in(
         conn, settings, session_id=session_id, project_id=project_id, user_id=user_id,
         auth_method="magic_link", actor=actor, iat=iat,
         event=_signed_in(actor, attempt, token, session_id), risk_engine=risk_engine,
-        hints=attempt["device"], new_user=token["found_user_id"] is None, verified=channel,
-        head=head, gate=", t", head_values=head_values,
+        hints=attempt["device"], new_user=token["found_user_id"] is None,
+        risk_known=token if risk_engine.on else None,
+        verified=channel, head=head, gate=", t", head_values=head_values,
     )
     if started is None or isinstance(started, sessions.Refused):
         return started

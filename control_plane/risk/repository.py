@@ -55,7 +55,15 @@ async def put_policy(conn: asyncpg.Connection, project_id: str, threshold_challe
 
 # --- what a sign-in is scored against ---------------------------------------------------------
 
-HISTORY: Final = """
+def history_select(project: str, user: str, device: str, network: str, country: str,
+                   window: str) -> str:
+    """A one-row SELECT of what a sign-in is scored against: the project ``project``'s policy
+    (nulls: the default), the user ``user``'s known facts (one scan of their ``risk_known``
+    rows) against the attempt's ``device``, ``network`` and ``country``, the last located
+    sign-in, and the refused sign-ins of the last ``window`` (an interval; the audit log's user
+    index). The arguments are SQL expressions: placeholders, or columns of a query this one is
+    joined to (``LEFT JOIN LATERAL``). A user that does not exist has no facts."""
+    return f"""
 SELECT p.threshold_challenge, p.threshold_block, p.signals,
        coalesce(k.devices_known, false) AS devices_known,
        coalesce(k.device_seen, false) AS device_seen,
@@ -66,26 +74,37 @@ SELECT p.threshold_challenge, p.threshold_block, p.signals,
        l.latitude, l.longitude, extract(epoch FROM l.signed_in_at)::float8 AS last_at,
        l.country AS last_country, l.city AS last_city,
        (SELECT count(*) FROM audit_events e
-        WHERE e.project_id = $1 AND e.user_id = $2 AND e.created_at > now() - $6::interval
+        WHERE e.project_id = {project} AND e.user_id = {user}
+          AND e.created_at > now() - {window}::interval
           AND e.action = 'auth.signin_attempt' AND e.metadata ->> 'outcome' = 'failure')::int
            AS failed_attempts
 FROM (SELECT 1) AS one
-LEFT JOIN risk_policies p ON p.project_id = $1
-LEFT JOIN risk_last_locations l ON l.user_id = $2
+LEFT JOIN risk_policies p ON p.project_id = {project}
+LEFT JOIN risk_last_locations l ON l.user_id = {user}
 LEFT JOIN (
     SELECT bool_or(kind = 'device') AS devices_known,
-           bool_or(kind = 'device' AND value = $3) AS device_seen,
+           bool_or(kind = 'device' AND value = {device}) AS device_seen,
            bool_or(kind = 'network') AS networks_known,
-           bool_or(kind = 'network' AND value = $4) AS network_seen,
+           bool_or(kind = 'network' AND value = {network}) AS network_seen,
            bool_or(kind = 'country') AS countries_known,
-           bool_or(kind = 'country' AND value = $5) AS country_seen
-    FROM risk_known WHERE user_id = $2
-) k ON true
-"""
-"""In one round trip: the project's policy (nulls: the default), the user's known facts (one
-scan of the user's ``risk_known`` rows) against this attempt's device ``$3``, network ``$4``
-and country ``$5``, the last located sign-in, and the refused sign-ins of the last ``$6`` (the
-audit log's user index)."""
+           bool_or(kind = 'country' AND value = {country}) AS country_seen
+    FROM risk_known WHERE user_id = {user}
+) k ON true"""
+
+
+HISTORY: Final = history_select("$1", "$2", "$3", "$4", "$5", "$6")
+""":func:`history_select` of project ``$1``, user ``$2``, device ``$3``, network ``$4``,
+country ``$5`` and window ``$6``."""
+
+
+def history_join(p: Params, *, project: str, user: str) -> str:
+    """``LEFT JOIN LATERAL`` of :func:`history_select` as ``h``, for a sign-in's own lookup to
+    carry what it will be scored against (one round trip less); the attempt's facts are the
+    named parameters ``risk_device``, ``risk_network``, ``risk_country`` and ``risk_window``."""
+    facts = history_select(project, user, p["risk_device"], p["risk_network"], p["risk_country"],
+                           p["risk_window"])
+    return f"LEFT JOIN LATERAL ({facts}) h ON true"
+
 
 POLICY: Final = """SELECT p.threshold_challenge, p.threshold_block, p.signals
 FROM (SELECT 1) AS one LEFT JOIN risk_policies p ON p.project_id = $1"""

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final
 
 import asyncpg
 
-from common.db import Params
+from common.db import Params, Statement
 from control_plane.audit import service as audit
 from control_plane.risk import service as risk
 from control_plane.sessions.revocation import PURGE as REVOCATIONS_PURGE
@@ -35,14 +34,6 @@ def user_update(p: Params, *, condition: str = "") -> str:
            email_verified = email_verified OR {p['verified_email']},
            phone_verified = phone_verified OR {p['verified_sms']}
     WHERE id = {p['user_id']} {condition} RETURNING {USER_COLUMNS})"""
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """SQL assembled once, and the names of its parameters."""
-
-    sql: str
-    params: Params
 
 
 @functools.cache

@@ -114,7 +114,8 @@ async def start_session(
     conn: asyncpg.Connection, settings: Settings, *, session_id: str, project_id: str,
     user_id: str, auth_method: str, actor: Actor, iat: int, event: Mapping[str, object],
     risk_engine: risk.RiskEngine, hints: Mapping[str, Any] | None = None, new_user: bool = False,
-    step_up: bool = False, organization_id: str | None = None,
+    step_up: bool = False, risk_known: asyncpg.Record | None = None,
+    organization_id: str | None = None,
     verified: Literal["email", "sms"] | None = None, head: Head = user_update, gate: str = "",
     head_values: Mapping[str, object] | None = None,
 ) -> tuple[Session, str, User] | Refused | None:
@@ -129,11 +130,13 @@ async def start_session(
 
     The risk engine (``risk_engine.assess``) sees the request's address and user agent
     (``actor``) and the client ``hints``; ``new_user``: the user is created by this sign-in (no
-    history). A ``challenge`` or ``block`` runs ``repository.refusal_statement`` instead (the
-    head still uses up its proof; the decision, the events and a challenge's step-up challenge
-    are written, no session) and returns :class:`Refused`, whose error the caller raises once
-    its transaction committed. ``step_up``: this sign-in ends a step-up (its head used the
-    challenge up): not scored again, only its facts remembered.
+    history); ``risk_known``: the row the caller's own lookup read through
+    ``risk.history_join`` (the risk engine then reads nothing). A ``challenge`` or ``block``
+    runs ``repository.refusal_statement`` instead (the head still uses up its proof; the
+    decision, the events and a challenge's step-up challenge are written, no session) and
+    returns :class:`Refused`, whose error the caller raises once its transaction committed.
+    ``step_up``: this sign-in ends a step-up (its head used the challenge up): not scored
+    again, only its facts remembered.
 
     The organization is ``organization_id`` when given (an accepted invitation) and the
     membership there is active, else the one organization of a user with exactly one active
@@ -149,7 +152,7 @@ async def start_session(
                                  method=auth_method, ip=actor.ip, user_agent=actor.user_agent,
                                  hints=dict(hints or {}))
     assessment = (risk_engine.observe(attempt) if step_up
-                  else await risk_engine.assess(conn, attempt))
+                  else await risk_engine.assess(conn, attempt, known=risk_known))
     common: dict[str, object] = {
         "project_id": project_id, "user_id": user_id, "organization_id": organization_id,
         "verified_email": verified == "email", "verified_sms": verified == "sms",
