@@ -62,7 +62,8 @@ async def put_risk_policy(call: Call, body: PolicyBody) -> web.Response:
     """Set the project's risk policy (records ``risk.policy.updated``).
 
     Thresholds are 0 to 100, ``threshold_challenge`` lower than ``threshold_block``; a signal
-    left out of ``signals`` keeps its default, and an unknown one is ``invalid_request``."""
+    left out of ``signals`` takes its default, and an unknown one is ``invalid_request``. The
+    policy applies at once in this process, within a second in the others."""
     async with call.connection() as conn:
         policy = await service.set_policy(conn, call.actor, body=body)
     call.app[RISK].forget_policy(call.project_id)
