@@ -121,6 +121,15 @@ def _time(value: object) -> object:
 Time = Annotated[datetime, BeforeValidator(_time), _text(MAX_VALUE)]
 
 
+def not_before_from(cls: type, v: datetime | None, info: ValidationInfo) -> datetime | None:
+    """The validator of a ``to`` parameter: not earlier than the model's ``from`` (field
+    ``since``): ``field_validator("to")(not_before_from)``."""
+    since = info.data.get("since")
+    if v is not None and since is not None and v < since:
+        raise ValueError("must not be earlier than from")
+    return v
+
+
 class EventFilters(QueryModel):
     """The combinable filters of SPEC.md 4."""
 
@@ -146,13 +155,7 @@ class EventFilters(QueryModel):
         MAX_Q, "Case-insensitive substring of the action, actor id, target id or description."
     )] = None
 
-    @field_validator("to")
-    @classmethod
-    def _not_before_from(cls, v: datetime | None, info: ValidationInfo) -> datetime | None:
-        since = info.data.get("since")
-        if v is not None and since is not None and v < since:
-            raise ValueError("must not be earlier than from")
-        return v
+    _to_after_from = field_validator("to")(not_before_from)
 
 
 class EventsQuery(EventFilters):

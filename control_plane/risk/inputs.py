@@ -81,6 +81,20 @@ def warm_up() -> None:
     parse("Mozilla/5.0")
 
 
+def address_of(ip: str | None) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``ip`` as an address, an IPv4-mapped IPv6 address as the IPv4 one it carries (the
+    address an IPv4 client has on a dual-stack socket); None when it is not an address."""
+    if not ip:
+        return None
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 class GeoIp:
     """A MaxMind-format City database, open for the life of the process (memory-mapped)."""
 
@@ -91,14 +105,9 @@ class GeoIp:
     def place(self, ip: str | None) -> Place | None:
         """The place of ``ip`` (an IPv4-mapped IPv6 address is looked up as IPv4), or None when
         the database does not hold it or ``ip`` is not an address."""
-        if not ip:
+        address = address_of(ip)
+        if address is None:
             return None
-        try:
-            address = ipaddress.ip_address(ip)
-        except ValueError:
-            return None
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
         try:
             record, prefix_len = self._reader.get_with_prefix_len(address)
         except ValueError:  # an IPv6 address in an IPv4-only database

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, field_validator
 
 from common.schemas import RequestModel
-from control_plane.audit.schemas import Time
+from control_plane.audit.schemas import Time, not_before_from
 from control_plane.passkeys.schemas import AuthenticationResponseBody
 from control_plane.risk import signals
 from control_plane.web.pagination import PageQuery
@@ -154,13 +154,7 @@ class DecisionsQuery(PageQuery):
     to: Annotated[Time | None, Field(description=(
         "Decisions before this ISO 8601 time (no offset: UTC)."))] = None
 
-    @field_validator("to")
-    @classmethod
-    def _not_before_from(cls, v: datetime | None, info: ValidationInfo) -> datetime | None:
-        since = info.data.get("since")
-        if v is not None and since is not None and v < since:
-            raise ValueError("must not be earlier than from")
-        return v
+    _to_after_from = field_validator("to")(not_before_from)
 
 
 class StepUpBody(RequestModel):

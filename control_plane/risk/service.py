@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import ipaddress
 import logging
 import secrets
 import time
@@ -43,7 +42,7 @@ from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.risk import repository, signals
-from control_plane.risk.inputs import Device, GeoIp, device, warm_up
+from control_plane.risk.inputs import Device, GeoIp, address_of, device, warm_up
 from control_plane.risk.repository import allowed_ctes, history_join, refused_ctes, step_up_cte
 from control_plane.risk.schemas import (
     Decision,
@@ -296,14 +295,9 @@ class RiskEngine:
             self.geo.close()
 
     def _blocked_network(self, ip: str | None) -> str | None:
-        if not ip or not self.blocked:
+        address = address_of(ip) if self.blocked else None
+        if address is None:
             return None
-        try:
-            address = ipaddress.ip_address(ip)
-        except ValueError:
-            return None
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
         return next((str(n) for n in self.blocked if address in n), None)
 
     async def _counts(self, attempt: SignInAttempt) -> tuple[int | None, int | None]:
