@@ -350,14 +350,12 @@ class Settings(BaseSettings):
     @property
     def trusted_proxy_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         """``SERVICE_TRUSTED_PROXIES`` parsed: the proxies whose ``X-Forwarded-For`` we believe."""
-        return tuple(ipaddress.ip_network(p.strip(), strict=False)
-                     for p in self.trusted_proxies.split(",") if p.strip())
+        return _network_list(self.trusted_proxies)
 
     @property
     def risk_blocked_network_list(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
         """``SERVICE_RISK_BLOCKED_NETWORKS`` parsed: the known-bad networks of the risk engine."""
-        return tuple(ipaddress.ip_network(p.strip(), strict=False)
-                     for p in self.risk_blocked_networks.split(",") if p.strip())
+        return _network_list(self.risk_blocked_networks)
 
     @field_validator("database_url")
     @classmethod
@@ -396,6 +394,11 @@ class Settings(BaseSettings):
         ``SERVICE_DEV_MAILBOX=true`` or, unset, the base URL is local."""
         console = self.email_sink == "console" or self.sms_sink == "console"
         return console and (self.dev_mailbox if self.dev_mailbox is not None else self.base_url_is_local)
+
+
+def _network_list(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated IPs and CIDRs (validated at start) as networks."""
+    return tuple(ipaddress.ip_network(p.strip(), strict=False) for p in text.split(",") if p.strip())
 
 
 def decode_kek(text: str) -> bytes:

@@ -62,8 +62,6 @@ async def post_magic_link_send(call: Call, body: SendBody) -> web.Response:
     return call.reply(sent)
 
 
-
-
 @endpoint(routes, "POST", service.VERIFY_PATH, auth=auth.Anonymous(), json_only=True,
           headers={PROJECT_HEADER: "The link's project, when the query does not name it."},
           errors=[TokenConsumed, TokenExpired, TokenInvalidOrExpired, InvitationNotPending,
@@ -132,7 +130,6 @@ document.getElementById("signin").addEventListener("click", async (event) => {{
 }});
 </script></body></html>
 """
-
 
 
 @endpoint(routes, "GET", service.VERIFY_PATH, auth=auth.Anonymous(), allow_head=False,

@@ -117,8 +117,6 @@ async def get_oauth_start(call: Call, query: StartQuery) -> web.StreamResponse:
     return response
 
 
-
-
 _CALLBACK_PATH: Final = f"/v1/auth/oauth/{_PROVIDER}/callback"
 _CALLBACK_ERRORS: Final = [InvalidRequest, UnknownProvider, VerificationFailed, MissingEmail,
                            IdentityConflict, NoSession, ServiceUnavailable, StepUpRequired,

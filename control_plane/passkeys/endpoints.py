@@ -50,8 +50,6 @@ WRITE: Final = auth.ApiKey("users:write")
 _PROJECT_HEADERS: Final = {PROJECT_HEADER: "The project, when the query does not name it."}
 
 
-
-
 @endpoint(routes, "POST", "/v1/auth/passkey/register/options", auth=SESSION, json_only=True,
           errors=[InvalidRequest, UserNotFound],
           replies=[Reply(200, "Creation options for navigator.credentials.create.", CreationOptions)])

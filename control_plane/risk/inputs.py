@@ -4,29 +4,27 @@ client hints, and the place of its address in a MaxMind-format City database.
 * :func:`device`: the browser, operating system and device families ``ua-parser`` finds in the
   User-Agent (uap-core's regexes, matched in Rust by ``ua-parser-rs``), and the client hints'
   platform and mobile flag (``Sec-CH-UA-Platform``, ``Sec-CH-UA-Mobile``, RFC 8942), without
-  versions (a browser update is the same device), hashed to 16 bytes of hex. Parses are cached
-  (most sign-ins come from a few thousand User-Agent strings).
+  versions (a browser update is the same device), hashed to 16 bytes of hex, cached per
+  User-Agent and hints (most sign-ins come from a few thousand).
 * :class:`GeoIp`: lookups in the database of ``SERVICE_GEOIP_DATABASE`` (``maxminddb``, the
   file memory-mapped): country, city, location and the database's network holding the address.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 from dataclasses import dataclass
 from typing import Any, Final
 
 import maxminddb
-from cachetools import LRUCache
 from ua_parser import parse
 
 from control_plane.risk.signals.base import Place
 
 MAX_USER_AGENT: Final = 1024
 """Longer User-Agent strings are cut before parsing (none real is this long)."""
-_PARSED: LRUCache[str, tuple[str, str, str]] = LRUCache(maxsize=4096)
-_DEVICES: LRUCache[tuple[str, str, str], Device] = LRUCache(maxsize=4096)
 _UNKNOWN: Final = "Other"
 
 
@@ -38,18 +36,6 @@ class Device:
     label: str
 
 
-def _families(user_agent: str) -> tuple[str, str, str]:
-    """(browser, OS, device) families of ``user_agent``, ``Other`` for what is not found."""
-    found = _PARSED.get(user_agent)
-    if found is None:
-        result = parse(user_agent)
-        found = (result.user_agent.family if result.user_agent else _UNKNOWN,
-                 result.os.family if result.os else _UNKNOWN,
-                 result.device.family if result.device else _UNKNOWN)
-        _PARSED[user_agent] = found
-    return found
-
-
 def device(user_agent: str | None, hints: dict[str, Any] | None = None) -> Device | None:
     """The device of a request's ``User-Agent`` and client ``hints`` (``platform``, ``mobile``:
     the raw header values), or None when it sent neither."""
@@ -58,20 +44,21 @@ def device(user_agent: str | None, hints: dict[str, Any] | None = None) -> Devic
     mobile = str(hints.get("mobile") or "").strip()
     if not user_agent and not platform:
         return None
-    key = (user_agent or "", platform, mobile)
-    found = _DEVICES.get(key)
-    if found is None:
-        found = _DEVICES[key] = _device(*key)
-    return found
+    return _device((user_agent or "")[:MAX_USER_AGENT], platform, mobile)
 
 
+@functools.lru_cache(maxsize=4096)
 def _device(user_agent: str, platform: str, mobile: str) -> Device:
-    browser, system, kind = _families(user_agent[:MAX_USER_AGENT])
+    """The device of a User-Agent and hints; cached (most sign-ins come from a few thousand)."""
+    parsed = parse(user_agent)
+    browser = parsed.user_agent.family if parsed.user_agent else _UNKNOWN
+    system = parsed.os.family if parsed.os else _UNKNOWN
+    kind = parsed.device.family if parsed.device else _UNKNOWN
     key = "\x1f".join((browser, system, kind, platform, mobile))
     fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
     on = system if system != _UNKNOWN else (platform or "an unknown system")
     label = f"{browser if browser != _UNKNOWN else 'an unknown browser'} on {on}"
-    if kind not in (_UNKNOWN, "Mac", "Other") and kind not in on:
+    if kind not in (_UNKNOWN, "Mac") and kind not in on:
         label += f" ({kind})"
     return Device(fingerprint, label)
 

@@ -27,6 +27,7 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -205,13 +206,12 @@ class AttemptCounters:
 @dataclass(frozen=True, slots=True)
 class SignInAttempt:
     """A primary sign-in about to start a session: of ``user_id`` (``new_user``: created by this
-    very sign-in) in ``project_id``, by ``method`` (``magic_link``, ``passkey``, ``oauth``), from
-    ``ip`` with ``user_agent`` and the client ``hints`` it sent (``platform``, ``mobile``)."""
+    very sign-in) in ``project_id``, from ``ip`` with ``user_agent`` and the client ``hints`` it
+    sent (``platform``, ``mobile``)."""
 
     project_id: str
     user_id: str
     new_user: bool
-    method: str
     ip: str | None
     user_agent: str | None
     hints: dict[str, Any] = field(default_factory=dict)
@@ -271,7 +271,6 @@ class RiskEngine:
         self.limits = _limits(settings)
         self.blocked = settings.risk_blocked_network_list
         self.geo = GeoIp(settings.geoip_database) if settings.geoip_database else None
-        self.redis = redis
         self.counters = AttemptCounters(redis)
         self.key_prefix = settings.redis_prefix + "risk:"
         self.failed_window = timedelta(seconds=settings.risk_failed_window_seconds)
@@ -279,7 +278,6 @@ class RiskEngine:
         # (and forgotten at once when this process sets it; another process's PUT is seen
         # within that time, as API keys are).
         self._policies: TTLCache[str, Policy] = TTLCache(maxsize=10_000, ttl=POLICY_CACHE_SECONDS)
-        self.step_up_ttl = timedelta(seconds=settings.step_up_ttl_seconds)
 
     def forget_policy(self, project_id: str) -> None:
         """The project's policy changed: read it again at its next sign-in."""
@@ -334,10 +332,8 @@ class RiskEngine:
                        hints: dict[str, Any] | None) -> dict[str, object]:
         """The parameters of ``history_join`` for a request: its device, network and country,
         and the failure window."""
-        found, place = self.seen(ip, user_agent, hints)
-        return {"risk_device": found.fingerprint if found else None,
-                "risk_network": place.network if place else None,
-                "risk_country": place.country if place else None,
+        device_, network, country = _facts(*self.seen(ip, user_agent, hints))
+        return {"risk_device": device_, "risk_network": network, "risk_country": country,
                 "risk_window": self.failed_window}
 
     def observe(self, attempt: SignInAttempt) -> Assessment:
@@ -369,8 +365,7 @@ class RiskEngine:
             else:
                 row = await conn.fetchrow(
                     repository.HISTORY, attempt.project_id, attempt.user_id,
-                    found.fingerprint if found else None, place.network if place else None,
-                    place.country if place else None, self.failed_window)
+                    *_facts(found, place), self.failed_window)
                 assert row is not None
                 history, policy = _history_of(row), _policy_of(row)
                 self._policies[attempt.project_id] = policy
@@ -405,6 +400,12 @@ class RiskEngine:
         return Assessment(new_id("rd"), True, score, decision, tuple(results),
                           tuple(r.reason for r in results if r.fired), inputs,
                           policy.threshold_challenge, policy.threshold_block, found, place)
+
+
+def _facts(found: Device | None, place: Place | None) -> tuple[str | None, str | None, str | None]:
+    """What a sign-in's history is read against: (device fingerprint, network, country)."""
+    return (found.fingerprint if found else None, place.network if place else None,
+            place.country if place else None)
 
 
 def _place(place: Place | None) -> dict[str, Any] | None:
@@ -509,10 +510,13 @@ def refused_values(a: Assessment, actor: Actor, *, project_id: str, method: str,
 # --- the policy --------------------------------------------------------------------------------
 
 
-def _policy_of(row: asyncpg.Record | None) -> Policy:
+_DEFAULT_POLICY: Final = default_policy()
+
+
+def _policy_of(row: Mapping[str, Any] | None) -> Policy:
     """The policy of a row of ``risk_policies`` (None, or nulls: the default), every signal
     present: one the row does not set keeps its default."""
-    base = default_policy()
+    base = _DEFAULT_POLICY
     if row is None or row["threshold_block"] is None:
         return base
     stored = row["signals"] or {}
@@ -535,17 +539,16 @@ async def set_policy(conn: asyncpg.Connection, actor: Actor, *, body: PolicyBody
     enabled signals (SPEC.md 6), in one transaction."""
     project_id = actor.project_id
     assert project_id is not None
-    defaults = default_policy().signals
     chosen: dict[str, dict[str, Any]] = {
         name: {"enabled": body.signals[name].enabled, "weight": body.signals[name].weight}
               if name in body.signals else {"enabled": d.enabled, "weight": d.weight}
-              for name, d in defaults.items()}
+              for name, d in _DEFAULT_POLICY.signals.items()}
     async with conn.transaction():
         updated = await repository.put_policy(conn, project_id, body.threshold_challenge,
                                               body.threshold_block, chosen)
-        policy = Policy(body.threshold_challenge, body.threshold_block,
-                        {n: SignalPolicy(v["enabled"], v["weight"], defaults[n].description)
-                         for n, v in chosen.items()}, False, updated)
+        policy = _policy_of({"threshold_challenge": body.threshold_challenge,
+                             "threshold_block": body.threshold_block, "signals": chosen,
+                             "updated_at": updated})
         await audit.record(
             conn, actor, action="risk.policy.updated", target_type="risk_policy",
             target_id=project_id,

@@ -149,8 +149,7 @@ async def start_session(
     meanwhile raises NoSession.
     """
     attempt = risk.SignInAttempt(project_id=project_id, user_id=user_id, new_user=new_user,
-                                 method=auth_method, ip=actor.ip, user_agent=actor.user_agent,
-                                 hints=dict(hints or {}))
+                                 ip=actor.ip, user_agent=actor.user_agent, hints=dict(hints or {}))
     assessment = (risk_engine.observe(attempt) if step_up
                   else await risk_engine.assess(conn, attempt, known=risk_known))
     common: dict[str, object] = {
