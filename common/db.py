@@ -214,10 +214,6 @@ class Params:
         n = self._names.setdefault(name, len(self._names) + 1)
         return f"${n}"
 
-    def __contains__(self, name: object) -> bool:
-        """Whether the statement uses the named parameter ``name``."""
-        return name in self._names
-
     def copy(self) -> Params:
         """Another allocator holding the same values so far: the shared start of statements
         that go on differently."""
@@ -232,6 +228,12 @@ class Params:
         unknown = values.keys() - self._names.keys()
         if unknown:
             raise KeyError(f"unknown parameters {sorted(unknown)}")
+        return [values[name] for name in self._names]
+
+    def bind_from(self, values: Mapping[str, object]) -> list[object]:
+        """The arguments of a named statement from ``values``, which may also hold names the
+        statement does not use (values shared by statements that differ). Raises KeyError for a
+        missing name."""
         return [values[name] for name in self._names]
 
 

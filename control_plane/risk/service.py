@@ -36,6 +36,7 @@ import asyncpg
 from cachetools import TTLCache
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from common.errors import NotFound, UnknownOrExpiredChallenge
@@ -120,9 +121,11 @@ class AttemptCounters:
     (those queued while a batch is out) go as one write of several EVALSHA and are answered by
     reading the replies in order: one round trip, and one wake-up, for all of them. A batch that
     fails, or takes longer than :data:`VELOCITY_TIMEOUT_SECONDS`, fails each of its calls and
-    drops the connection (a reply may be left in flight); the next batch opens another. Replies
-    of a Redis that lost the script (a restart) are ``NOSCRIPT``: the script is loaded and those
-    calls sent again."""
+    drops the connection (a reply may be left in flight); the next batch opens another. A
+    connection that served before and is found closed (Redis restarted) is replaced at once and
+    the batch sent again on the new one, so the first sign-ins after a restart are counted.
+    Replies of a Redis that lost the script (a restart) are ``NOSCRIPT``: the script is loaded
+    and those calls sent again."""
 
     def __init__(self, redis: Redis) -> None:
         self._pool = redis.connection_pool
@@ -130,6 +133,7 @@ class AttemptCounters:
         self._sha = hashlib.sha1(COUNT_ATTEMPTS.encode()).hexdigest()
         self._queue: list[tuple[list[str], list[int | str], asyncio.Future[list[int]]]] = []
         self._sender: asyncio.Task[None] | None = None
+        self._served = False  # the connection has answered a round trip
 
     async def count(self, keys: list[str], args: list[int | str]) -> list[int]:
         """Each window's count once the attempt is added. Raises RedisError, OSError or
@@ -163,7 +167,17 @@ class AttemptCounters:
         conn = self._conn
         if conn is None:
             conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
-        replies = await self._round_trip(conn, "EVALSHA", self._sha, calls)
+            self._served = False
+        try:
+            replies = await self._round_trip(conn, "EVALSHA", self._sha, calls)
+        except (RedisConnectionError, OSError):
+            if not self._served:  # a new connection that fails: Redis is away
+                raise
+            # One that served before: Redis may have restarted since (its socket is dead): once
+            # more on a new connection. Only a Redis that died mid-batch counts a call twice.
+            await self._drop()
+            return await self._run(calls)
+        self._served = True
         lost = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if lost:
             again = await self._round_trip(conn, "EVAL", COUNT_ATTEMPTS, [calls[i] for i in lost])

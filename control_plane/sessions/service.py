@@ -170,8 +170,7 @@ async def start_session(
         **_with_risk(event, assessment, step_up=step_up),
         **risk.allowed_values(assessment, actor, project_id=project_id, method=auth_method),
     }
-    row = await conn.fetchrow(statement.sql, *statement.params.bind(
-        {k: v for k, v in values.items() if k in statement.params}))
+    row = await conn.fetchrow(statement.sql, *statement.params.bind_from(values))
     if row is None:
         if head is not user_update:
             return None
@@ -194,8 +193,7 @@ async def _refuse(conn: asyncpg.Connection, settings: Settings, actor: Actor,
         **risk.refused_values(a, actor, project_id=project_id, method=method,
                               challenge_id=challenge_id, ttl=ttl),
     }
-    row = await conn.fetchrow(statement.sql, *statement.params.bind(
-        {k: v for k, v in values.items() if k in statement.params}))
+    row = await conn.fetchrow(statement.sql, *statement.params.bind_from(values))
     if row is None:
         if head is not user_update:
             return None
