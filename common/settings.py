@@ -196,6 +196,14 @@ class Settings(BaseSettings):
     outbox_backoff_base_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
         5.0, validation_alias=_env("SERVICE_OUTBOX_BACKOFF_BASE_SECONDS")
     )
+    # Webhooks (DESIGN.md "webhooks"): an attempt's time limit, the delays between attempts
+    # (seconds, each +-10% jitter), and whether http and non-public addresses are allowed.
+    webhook_timeout_seconds: Annotated[float, Field(gt=0, le=60)] = Field(
+        10.0, validation_alias=_env("SERVICE_WEBHOOK_TIMEOUT_SECONDS"))
+    webhook_retry_schedule: str = Field(
+        "5,300,1800,7200,18000,36000,36000", validation_alias=_env("SERVICE_WEBHOOK_RETRY_SCHEDULE"))
+    webhook_allow_private_urls: bool = Field(
+        False, validation_alias=_env("SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS"))
     housekeeping_interval_seconds: Annotated[float, Field(gt=0)] = Field(
         3600.0, validation_alias=_env("SERVICE_HOUSEKEEPING_INTERVAL_SECONDS")
     )
@@ -357,6 +365,17 @@ class Settings(BaseSettings):
         """``SERVICE_RISK_BLOCKED_NETWORKS`` parsed: the known-bad networks of the risk engine."""
         return _network_list(self.risk_blocked_networks)
 
+    @field_validator("webhook_retry_schedule")
+    @classmethod
+    def _schedule(cls, value: str) -> str:
+        _delays(value)
+        return value
+
+    @property
+    def webhook_retry_delays(self) -> tuple[float, ...]:
+        """``SERVICE_WEBHOOK_RETRY_SCHEDULE`` parsed: the seconds before each retry."""
+        return _delays(self.webhook_retry_schedule)
+
     @field_validator("database_url")
     @classmethod
     def _pg_url(cls, v: str) -> str:
@@ -394,6 +413,18 @@ class Settings(BaseSettings):
         ``SERVICE_DEV_MAILBOX=true`` or, unset, the base URL is local."""
         console = self.email_sink == "console" or self.sms_sink == "console"
         return console and (self.dev_mailbox if self.dev_mailbox is not None else self.base_url_is_local)
+
+
+def _delays(text: str) -> tuple[float, ...]:
+    """Comma-separated delays in seconds, each 0 to 7 days (an empty text: no retry). Raises
+    ValueError."""
+    try:
+        delays = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ValueError("must be comma-separated numbers of seconds, e.g. 5,300,1800") from None
+    if any(not 0 <= d <= 7 * 86_400 for d in delays) or len(delays) > 50:
+        raise ValueError("each delay is 0 to 604800 seconds, at most 50 of them")
+    return delays
 
 
 def _network_list(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -63,6 +63,8 @@ from control_plane.tenancy import endpoints as tenancy
 from control_plane.users import endpoints as users
 from control_plane.web.pagination import load_cursor_secret
 from control_plane.web.ratelimit import RateLimits
+from control_plane.webhooks import endpoints as webhooks
+from control_plane.webhooks import tasks as webhook_tasks
 from engine.checks import routes as engine_routes
 from engine.edge import routes as edge_routes
 
@@ -75,11 +77,11 @@ DESCRIPTION: Final = (
 ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.routes,
                  sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
                  risk.routes, signing_keys.routes,
-                 audit.routes)
+                 audit.routes, webhooks.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
     session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,
-    risk_tasks.workers,
+    risk_tasks.workers, webhook_tasks.workers,
 )
 meta_routes = RouteTable("meta", "This document.")
 

@@ -1,0 +1,197 @@
+"""Webhook SQL: endpoints, the fan-out from the audit log into deliveries, and the deliveries'
+claims, outcomes, listing and requeues (tables of migration 0010)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import asyncpg
+
+from common.db import Params
+from control_plane.audit.repository import JSON_COLUMNS
+
+NOTIFY_CHANNEL: Final = "authio_webhooks"
+"""NOTIFY'd when deliveries are made or requeued: the delivery workers wake up."""
+ENDPOINT_COLUMNS: Final = "id, url, events, description, status, disabled_reason, created_at"
+DELIVERY_COLUMNS: Final = "id, event_id, event_type, status, attempts, next_attempt_at, created_at"
+
+
+# --- endpoints --------------------------------------------------------------------------------
+
+
+async def insert_endpoint(conn: asyncpg.Connection, *, endpoint_id: str, project_id: str,
+                          url: str, events: list[str], description: str | None,
+                          secret_sealed: bytes) -> asyncpg.Record:
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""INSERT INTO webhook_endpoints (id, project_id, url, events, description, secret_sealed)
+            VALUES ($1, $2, $3, $4, $5, $6) RETURNING {ENDPOINT_COLUMNS}""",
+        endpoint_id, project_id, url, events, description, secret_sealed)
+    return row
+
+
+async def find_endpoint(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                        endpoint_id: str, *, lock: bool = False) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"""SELECT {ENDPOINT_COLUMNS} FROM webhook_endpoints WHERE id = $1 AND project_id = $2
+            {'FOR UPDATE' if lock else ''}""", endpoint_id, project_id)
+    return row
+
+
+async def update_endpoint(conn: asyncpg.Connection, endpoint_id: str,
+                          changes: dict[str, Any]) -> asyncpg.Record:
+    """Set ``changes`` (column -> value, columns of the caller's constants); enabling again
+    clears ``disabled_reason`` and ``failing_since``."""
+    p = Params()
+    sets = [f"{column} = {p(value)}" for column, value in changes.items()]
+    if changes.get("status") == "active":
+        sets += ["disabled_reason = NULL", "failing_since = NULL"]
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""UPDATE webhook_endpoints SET {', '.join(sets)}, updated_at = now()
+            WHERE id = {p(endpoint_id)} RETURNING {ENDPOINT_COLUMNS}""", *p.values)
+    return row
+
+
+async def rotate_secret(conn: asyncpg.Connection, endpoint_id: str, secret_sealed: bytes,
+                        overlap: timedelta) -> asyncpg.Record:
+    """The new secret signs from now on; the current one signs beside it for ``overlap``."""
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""UPDATE webhook_endpoints SET previous_secret_sealed = secret_sealed,
+                   previous_secret_until = now() + $3, secret_sealed = $2, updated_at = now()
+            WHERE id = $1 RETURNING {ENDPOINT_COLUMNS}""", endpoint_id, secret_sealed, overlap)
+    return row
+
+
+async def delete_endpoint(conn: asyncpg.Connection, project_id: str, endpoint_id: str) -> bool:
+    """Delete the endpoint and its deliveries; whether it existed."""
+    found = await conn.fetchval(
+        "DELETE FROM webhook_endpoints WHERE id = $1 AND project_id = $2 RETURNING 1",
+        endpoint_id, project_id)
+    return found is not None
+
+
+# --- the fan-out ------------------------------------------------------------------------------
+
+FANOUT_LOCK: Final = 0x77686570  # "whep": one fan-out at a time across processes
+FANOUT_BATCH: Final = """
+WITH b AS (
+    SELECT e.tx, e.id, e.project_id, e.action, e.created_at FROM audit_events e
+    WHERE e.tx < pg_snapshot_xmin(pg_current_snapshot())
+      AND (e.tx, e.id) > ($1::text::xid8, $2::text)
+    ORDER BY e.tx, e.id LIMIT $3
+)
+SELECT b.tx::text AS tx, b.id, b.project_id, b.action, b.created_at,
+       ARRAY(SELECT w.id FROM webhook_endpoints w
+             WHERE w.project_id = b.project_id AND w.status = 'active'
+               AND w.created_at <= b.created_at AND w.events && ARRAY[b.action, '*']
+             ORDER BY w.id) AS endpoints
+FROM b ORDER BY b.tx, b.id"""
+"""The next events of the log after the position (``$1`` tx as text, ``$2`` id), at most
+``$3``, each with the project's active endpoints subscribed to it and created at or before it.
+Only events below the oldest running transaction are read: none can commit later below it."""
+FANOUT_INSERT: Final = """
+INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type,
+                                event_created_at, next_attempt_at)
+SELECT d.*, now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[]) AS d
+ON CONFLICT (endpoint_id, event_id) DO NOTHING"""
+FANOUT_MOVE: Final = "UPDATE webhook_fanout SET tx = $1::text::xid8, event_id = $2"
+FANOUT_POSITION: Final = "SELECT tx::text AS tx, event_id FROM webhook_fanout"
+NOTIFY: Final = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
+
+
+# --- delivering -------------------------------------------------------------------------------
+
+CLAIM: Final = """
+UPDATE webhook_deliveries d SET locked_until = now() + $2, round = d.round + 1
+WHERE d.id IN (
+    SELECT id FROM webhook_deliveries
+    WHERE status = 'pending' AND next_attempt_at <= now()
+      AND (locked_until IS NULL OR locked_until < now())
+    ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING d.id, d.endpoint_id, d.event_id, d.event_created_at, d.round"""
+"""Claim up to ``$1`` due deliveries for ``$2`` (an interval), counting the attempt."""
+
+CLAIMED_ENDPOINTS: Final = """
+SELECT id, project_id, url, status, secret_sealed,
+       CASE WHEN previous_secret_until > now() THEN previous_secret_sealed END
+           AS previous_secret_sealed
+FROM webhook_endpoints WHERE id = ANY($1::text[])"""
+CLAIMED_EVENTS: Final = f"""
+SELECT {JSON_COLUMNS} FROM audit_events e
+JOIN unnest($1::timestamptz[], $2::text[]) AS k (created_at, id)
+  ON e.created_at = k.created_at AND e.id = k.id"""
+
+OUTCOME: Final = """
+WITH d AS (
+    UPDATE webhook_deliveries SET
+        status = $2, next_attempt_at = $3, locked_until = NULL,
+        attempts = attempts || jsonb_build_array($4::jsonb)
+    WHERE id = $1 RETURNING endpoint_id
+), w AS (
+    UPDATE webhook_endpoints w SET
+        failing_since = CASE WHEN $5 THEN NULL ELSE coalesce(w.failing_since, now()) END,
+        status = CASE WHEN $6::text IS NOT NULL
+                        OR (NOT $5 AND coalesce(w.failing_since, now()) < now() - $7::interval)
+                      THEN 'disabled' ELSE w.status END,
+        disabled_reason = CASE
+            WHEN $6::text IS NOT NULL THEN $6::text
+            WHEN NOT $5 AND coalesce(w.failing_since, now()) < now() - $7::interval
+                 AND w.status = 'active' THEN 'failing'
+            ELSE w.disabled_reason END
+    FROM d WHERE w.id = d.endpoint_id AND $8
+    RETURNING w.status
+)
+SELECT (SELECT status FROM w) AS endpoint_status"""
+"""Record an attempt of delivery ``$1``: its new status ``$2`` and next attempt ``$3``, the
+attempt ``$4`` (JSON), and on its endpoint whether it succeeded (``$5``: clears
+``failing_since``), a reason to disable it at once (``$6``: ``gone``), and the failing period
+after which failures alone disable it (``$7``); ``$8`` false: no request went out (the
+endpoint's health is left alone)."""
+
+
+# --- reading and requeueing deliveries --------------------------------------------------------
+
+
+async def list_deliveries(conn: asyncpg.Connection | asyncpg.Pool, endpoint_id: str, *,
+                          status: str | None, before: str | None, limit: int) -> list[asyncpg.Record]:
+    """Up to ``limit`` deliveries of the endpoint newest first, older than the id ``before``."""
+    p = Params()
+    conds = [f"endpoint_id = {p(endpoint_id)}"]
+    if status is not None:
+        conds.append(f"status = {p(status)}")
+    if before is not None:
+        conds.append(f"id < {p(before)}")
+    rows: list[asyncpg.Record] = await conn.fetch(
+        f"""SELECT {DELIVERY_COLUMNS} FROM webhook_deliveries WHERE {' AND '.join(conds)}
+            ORDER BY id DESC LIMIT {p(limit)}::int""", *p.values)
+    return rows
+
+
+async def find_delivery(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                        delivery_id: str) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"""SELECT {DELIVERY_COLUMNS}, endpoint_id FROM webhook_deliveries
+            WHERE id = $1 AND project_id = $2""", delivery_id, project_id)
+    return row
+
+
+async def requeue(conn: asyncpg.Connection, delivery_id: str) -> asyncpg.Record:
+    """Send the delivery again now, with a fresh retry schedule."""
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""UPDATE webhook_deliveries SET status = 'pending', next_attempt_at = now(), round = 0,
+                   locked_until = NULL
+            WHERE id = $1 RETURNING {DELIVERY_COLUMNS}""", delivery_id)
+    await conn.execute(NOTIFY)
+    return row
+
+
+async def requeue_failed(conn: asyncpg.Connection, endpoint_id: str, since: datetime) -> int:
+    """Queue again every failed delivery of the endpoint made at or after ``since``."""
+    status = await conn.execute(
+        """UPDATE webhook_deliveries SET status = 'pending', next_attempt_at = now(), round = 0,
+                  locked_until = NULL
+           WHERE endpoint_id = $1 AND status = 'failed' AND created_at >= $2""",
+        endpoint_id, since)
+    await conn.execute(NOTIFY)
+    return int(status.split()[-1])
