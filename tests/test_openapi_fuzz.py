@@ -101,7 +101,9 @@ class Live:
 @pytest.fixture(scope="module")
 def live(settings_factory: Callable[..., Settings]) -> Iterator[Live]:
     # A check waits this long for a revision it asked for: generated revisions are never reached.
-    settings = settings_factory(consistency_timeout_ms=100)
+    # Webhook receivers may be on loopback: the world's endpoint is (a closed port), so no
+    # delivery of the fuzzed project leaves the machine.
+    settings = settings_factory(consistency_timeout_ms=100, webhook_allow_private_urls=True)
     loop = asyncio.new_event_loop()
     started: Future[tuple[Live, asyncio.Event]] = Future()
     failed: list[BaseException] = []
@@ -194,6 +196,17 @@ async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
         "client_id": "fuzz", "client_secret": "fuzz-secret",
         "redirect_uris": ["https://app.example.com/"]})
     assert r.status in (200, 201), r.body
+    # A webhook endpoint and a delivery: the endpoint's own creation event, fanned out to it.
+    r = await api.post("/v1/webhook-endpoints", {"url": "http://127.0.0.1:9/hooks", "events": ["*"]})
+    assert r.status == 201, r.body
+    ids["endpoint_id"] = r.body["id"]
+    for _ in range(100):
+        r = await api.get(f"/v1/webhook-endpoints/{ids['endpoint_id']}/deliveries")
+        if r.body["data"]:
+            break
+        await asyncio.sleep(0.1)
+    assert r.body["data"], r.body
+    ids["delivery_id"] = r.body["data"][0]["id"]
     # A risk decision: a sign-in's (the listing is newest first).
     await signed_in(project, email())
     r = await api.get("/v1/risk/decisions?limit=1")
@@ -318,6 +331,13 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
     ("a redirect_uri that is not one of the provider's: the state of its configuration",
      lambda case, r: refused_fields(r) == [
          ("redirect_uri", "must be one of the provider's redirect_uris")]),
+    ("a webhook receiver's URL: https, and a host that is public as written and once resolved "
+     "(DNS): rules on a URL's host beyond a pattern",
+     lambda case, r: bool(refused_fields(r)) and all(f == "url" for f, _ in refused_fields(r))),
+    ("replaying or recovering the deliveries of a disabled endpoint: the state of an endpoint, "
+     "as 404 is for an id (fuzzed PATCHes disable it)",
+     lambda case, r: error_code(r) == "invalid_request"
+     and "endpoint_id" in orjson.loads(r.content)["error"]["details"]),
     ("an OAuth provider's URLs (https, or http only for a loopback host), and which providers "
      "take an issuer: rules on a URL's host and on the path, beyond a pattern",
      lambda case, r: bool(refused_fields(r)) and all(

@@ -90,6 +90,10 @@ def event_params(actor: Actor, *, name: str = "event", **event: Any) -> dict[str
             for column, value in event_values(actor, **event).items()}
 
 
+EVENT_COLUMNS: Final = repository.JSON_COLUMNS
+"""The columns of an event as ``GET /v1/audit/events`` lists it (table alias ``e``), for another
+domain's query that sends events elsewhere (webhooks, streams)."""
+
 insert_from = repository.insert_from
 """SQL inserting the event of a statement of another domain, from its ``event_params``: the
 event commits with the statement's change (``repository.insert_from``)."""

@@ -78,7 +78,7 @@ async def patch_webhook_endpoint(call: Call, body: EndpointPatch) -> web.Respons
 async def delete_webhook_endpoint(call: Call) -> web.Response:
     """Delete an endpoint and its deliveries."""
     async with call.connection() as conn:
-        deleted = await service.delete_endpoint(conn, call.actor,
+        deleted = await service.remove_endpoint(conn, call.actor,
                                                 endpoint_id=call.path("endpoint_id"))
     return call.reply(deleted)
 

@@ -9,7 +9,7 @@ from typing import Any, Final
 import asyncpg
 
 from common.db import Params
-from control_plane.audit.repository import JSON_COLUMNS
+from control_plane.audit.service import EVENT_COLUMNS
 
 NOTIFY_CHANNEL: Final = "authio_webhooks"
 """NOTIFY'd when deliveries are made or requeued: the delivery workers wake up."""
@@ -118,7 +118,7 @@ SELECT id, project_id, url, status, secret_sealed,
            AS previous_secret_sealed
 FROM webhook_endpoints WHERE id = ANY($1::text[])"""
 CLAIMED_EVENTS: Final = f"""
-SELECT {JSON_COLUMNS} FROM audit_events e
+SELECT {EVENT_COLUMNS} FROM audit_events e
 JOIN unnest($1::timestamptz[], $2::text[]) AS k (created_at, id)
   ON e.created_at = k.created_at AND e.id = k.id"""
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
 
-from common.schemas import PatchModel, RequestModel, printable
+from common.schemas import PatchModel, RequestModel, name_pattern, printable
 from control_plane.audit.schemas import Time
 from control_plane.web.pagination import PageQuery
 
@@ -22,18 +22,24 @@ EndpointStatus = Literal["active", "disabled"]
 DisabledReason = Literal["gone", "failing"]
 DeliveryStatus = Literal["pending", "succeeded", "failed"]
 
+URL_PATTERN: Final = "^https?://[!-\"$-~]+$"
+"""Visible ASCII (a host in its IDNA form), no fragment."""
 _URL_SCHEMA: Final = {
-    "type": "string", "minLength": 1, "maxLength": 2048, "format": "uri",
+    "type": "string", "minLength": 1, "maxLength": 2048, "pattern": URL_PATTERN,
     "description": ("An absolute https URL whose host resolves to public addresses only "
                     "(SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS=true also allows http and any address).")}
-Url = Annotated[str, StringConstraints(min_length=1, max_length=2048), AfterValidator(printable),
+Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=URL_PATTERN),
                 WithJsonSchema(_URL_SCHEMA)]
 """A receiver's URL; what it may name is judged by ``outbound.url_problem`` with the settings."""
 Action = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=ACTION_RE.pattern)]
 Events = Annotated[list[Action], Field(min_length=1, max_length=MAX_EVENTS, description=(
     'The action names to receive (as GET /v1/audit/event-types lists them), or ["*"] for '
     "every event."))]
-Description = Annotated[str, StringConstraints(max_length=500), AfterValidator(printable)]
+Description = Annotated[
+    str, StringConstraints(strip_whitespace=True, max_length=500), AfterValidator(printable),
+    WithJsonSchema({"type": "string", "pattern": name_pattern(500, required=False),
+                    "description": "0 to 500 characters after trimming whitespace, none of them "
+                                   "a control character."})]
 
 
 class EndpointBody(RequestModel):

@@ -2,7 +2,7 @@
 done with their deliveries on request.
 
 * :func:`create_endpoint`, :func:`update_endpoint`, :func:`rotate_secret`,
-  :func:`delete_endpoint`: each change with its audit event in its transaction
+  :func:`remove_endpoint`: each change with its audit event in its transaction
   (``webhook.endpoint.created``, ``.updated``, ``.secret_rotated``, ``.revoked``). The signing
   secret is sealed by the KMS, bound to the endpoint's id, and answered only by create and
   rotate-secret; after a rotation the previous secret signs beside the new one for
@@ -159,7 +159,7 @@ async def rotate_secret(conn: asyncpg.Connection, actor: Actor, *, endpoint_id: 
     return _endpoint(row, secret)
 
 
-async def delete_endpoint(conn: asyncpg.Connection, actor: Actor, *,
+async def remove_endpoint(conn: asyncpg.Connection, actor: Actor, *,
                           endpoint_id: str) -> DeletedEndpoint:
     """Delete the endpoint and its deliveries (``webhook.endpoint.revoked``): nothing more is
     sent to it, a delivery under way included. Raises NotFound."""

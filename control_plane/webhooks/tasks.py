@@ -64,6 +64,8 @@ JITTER: Final = 0.1
 MAX_RETRY_AFTER_SECONDS: Final = 86_400.0
 FAILING_DISABLES_AFTER: Final = timedelta(days=5)
 LISTEN_APPLICATION_NAME: Final = "authio-webhooks-listen"
+_JITTER_RNG: Final = random.Random()
+"""The jitter's own generator (the module's global one belongs to whoever else runs here)."""
 
 
 # --- the fan-out --------------------------------------------------------------------------------
@@ -123,7 +125,7 @@ async def fan_out_forever(pool: asyncpg.Pool) -> None:
 
 
 def retry_delay(round_: int, delays: tuple[float, ...], retry_after: float | None, *,
-                rng: Callable[[], float] = random.random) -> float | None:
+                rng: Callable[[], float] = _JITTER_RNG.random) -> float | None:
     """Seconds until the next attempt after the ``round_``-th failed one of this schedule, or
     None when the schedule is spent: the schedule's delay ±:data:`JITTER`, or ``retry_after``
     when longer (at most :data:`MAX_RETRY_AFTER_SECONDS`)."""
@@ -266,8 +268,8 @@ class Deliverer:
             return
         gone = answer.status == 410
         delay = None if gone else retry_delay(row["round"], self._delays, answer.retry_after)
-        log.warning("webhook delivery %s to %s (attempt %d) failed: %s%s", row["id"], url,
-                    row["round"], answer.error,
+        log.warning("webhook delivery %s to endpoint %s (attempt %d) failed: %s%s", row["id"],
+                    endpoint["id"], row["round"], answer.error,
                     f"; retrying in {delay:.0f} s" if delay is not None else "; giving up")
         await self._record(row, at, answer.status, answer.error, answer.duration_ms,
                            final=delay is None, retry_in=delay, gone=gone)

@@ -41,14 +41,17 @@ class Received:
 @dataclass
 class Receiver:
     """What to answer (``answers``: a status per request in order, the last one repeated;
-    ``retry_after``; ``delay`` seconds before answering) and what came in."""
+    ``retry_after``; ``delay`` seconds before answering, ``hold_first`` more for the first
+    request, whose arrival sets ``first``) and what came in."""
 
     url: str = ""
     secrets: list[str] = field(default_factory=list)
     answers: list[int] = field(default_factory=lambda: [200])
     retry_after: str | None = None
     delay: float = 0.0
+    hold_first: float = 0.0
     received: list[Received] = field(default_factory=list)
+    first: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()
@@ -62,6 +65,9 @@ class Receiver:
                 verified[secret] = False
         self.received.append(Received(headers, body, verified, asyncio.get_running_loop().time()))
         status = self.answers[min(len(self.received), len(self.answers)) - 1]
+        if len(self.received) == 1:
+            self.first.set()
+            await asyncio.sleep(self.hold_first)
         if self.delay:
             await asyncio.sleep(self.delay)
         extra = {"Retry-After": self.retry_after} if self.retry_after and status >= 400 else {}
