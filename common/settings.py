@@ -204,6 +204,9 @@ class Settings(BaseSettings):
         "5,300,1800,7200,18000,36000,36000", validation_alias=_env("SERVICE_WEBHOOK_RETRY_SCHEDULE"))
     webhook_allow_private_urls: bool = Field(
         False, validation_alias=_env("SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS"))
+    # Audit streams (DESIGN.md "audit streams"): the most events one batch carries.
+    stream_batch_size: Annotated[int, Field(ge=1, le=5000)] = Field(
+        500, validation_alias=_env("SERVICE_STREAM_BATCH_SIZE"))
     housekeeping_interval_seconds: Annotated[float, Field(gt=0)] = Field(
         3600.0, validation_alias=_env("SERVICE_HOUSEKEEPING_INTERVAL_SECONDS")
     )

@@ -207,6 +207,10 @@ async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
         await asyncio.sleep(0.1)
     assert r.body["data"], r.body
     ids["delivery_id"] = r.body["data"][0]["id"]
+    r = await api.post("/v1/audit/streams", {"destination": {"type": "webhook",
+                                                             "url": "http://127.0.0.1:9/stream"}})
+    assert r.status == 201, r.body
+    ids["stream_id"] = r.body["id"]
     # A risk decision: a sign-in's (the listing is newest first).
     await signed_in(project, email())
     r = await api.get("/v1/risk/decisions?limit=1")
@@ -331,9 +335,10 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
     ("a redirect_uri that is not one of the provider's: the state of its configuration",
      lambda case, r: refused_fields(r) == [
          ("redirect_uri", "must be one of the provider's redirect_uris")]),
-    ("a webhook receiver's URL: https, and a host that is public as written and once resolved "
-     "(DNS): rules on a URL's host beyond a pattern",
-     lambda case, r: bool(refused_fields(r)) and all(f == "url" for f, _ in refused_fields(r))),
+    ("a webhook receiver's or an audit stream destination's URL: https, and a host that is "
+     "public as written and once resolved (DNS): rules on a URL's host beyond a pattern",
+     lambda case, r: bool(refused_fields(r)) and all(
+         f == "url" or f.endswith(".url") for f, _ in refused_fields(r))),
     ("replaying or recovering the deliveries of a disabled endpoint: the state of an endpoint, "
      "as 404 is for an id (fuzzed PATCHes disable it)",
      lambda case, r: error_code(r) == "invalid_request"

@@ -12,23 +12,28 @@ from typing import Final
 
 from aiohttp import web
 
+from common.errors import InvalidRequest, NotFound
 from common.http import request_id
 from common.routing import Reply, RouteTable
-from control_plane.appkeys import CURSOR_SECRET
+from control_plane.appkeys import CURSOR_SECRET, KMS
 from control_plane.audit import service
 from control_plane.audit.schemas import (
     AuditEvent,
+    DeletedStream,
     EventsQuery,
     EventTypes,
     ExportQuery,
     LegacyPage,
     LegacyQuery,
+    Stream,
+    StreamBody,
+    StreamPatch,
     TypesQuery,
 )
 from control_plane.web import auth
 from control_plane.web.actor import Call
 from control_plane.web.endpoint import endpoint
-from control_plane.web.pagination import Listing, Page
+from control_plane.web.pagination import Listing, Page, PageQuery
 
 log = logging.getLogger("authio.audit")
 
@@ -138,3 +143,60 @@ async def get_legacy_audit_events(call: Call, query: LegacyQuery) -> web.Respons
     split across pages."""
     page = await service.legacy_events(call.pool, call.project_id, query)
     return call.reply(page)
+
+
+# --- audit streams -------------------------------------------------------------------------------
+
+STREAMS_WRITE: Final = auth.ApiKey("webhooks:write")
+_STREAM: Final = "/v1/audit/streams/{stream_id}"
+
+
+@endpoint(routes, "POST", "/v1/audit/streams", auth=STREAMS_WRITE, errors=[InvalidRequest],
+          replies=[Reply(201, "The stream (a webhook destination's secret shown this once).",
+                         Stream)])
+async def post_audit_stream(call: Call, body: StreamBody) -> web.Response:
+    """Stream the project's audit log to a destination: ``webhook`` (signed JSON batches),
+    ``datadog`` (the logs intake) or ``splunk_hec`` (the HTTP Event Collector).
+
+    Every event committed from now on (of ``actions``, when given) is sent in the log's order,
+    in batches; the stream's position moves only once the destination acknowledged a batch."""
+    async with call.connection() as conn:
+        created = await service.create_stream(conn, call.actor, body=body, kms=call.app[KMS],
+                                              settings=call.settings)
+    return call.reply(created, status=201)
+
+
+@endpoint(routes, "GET", "/v1/audit/streams", auth=AUDIT_READ, errors=[InvalidRequest],
+          replies=[Reply(200, "A page of streams, oldest first.", Page[Stream])])
+async def get_audit_streams(call: Call, query: PageQuery) -> web.Response:
+    """List the project's audit streams with their status, lag and last error."""
+    listing = Listing(service.STREAMS_LISTING, call.project_id, call.app[CURSOR_SECRET])
+    return call.reply(await service.list_streams(call.pool, listing, query))
+
+
+@endpoint(routes, "GET", _STREAM, auth=AUDIT_READ, errors=[NotFound],
+          replies=[Reply(200, "The stream.", Stream)])
+async def get_audit_stream(call: Call) -> web.Response:
+    """Show one stream: its destination (credentials as ``***``), status, lag, last error."""
+    return call.reply(await service.describe_stream(call.pool, call.project_id,
+                                                    call.path("stream_id")))
+
+
+@endpoint(routes, "PATCH", _STREAM, auth=STREAMS_WRITE, errors=[NotFound, InvalidRequest],
+          replies=[Reply(200, "The stream as changed.", Stream)])
+async def patch_audit_stream(call: Call, body: StreamPatch) -> web.Response:
+    """Pause (``status`` ``paused``) or resume (``active``) a stream, or change its ``actions``
+    or ``description``. A paused stream resumes where it stopped: nothing is lost."""
+    async with call.connection() as conn:
+        changed = await service.update_stream(conn, call.actor, stream_id=call.path("stream_id"),
+                                              body=body)
+    return call.reply(changed)
+
+
+@endpoint(routes, "DELETE", _STREAM, auth=STREAMS_WRITE, errors=[NotFound],
+          replies=[Reply(200, "Deleted: nothing more is sent.", DeletedStream)])
+async def delete_audit_stream(call: Call) -> web.Response:
+    """Delete a stream."""
+    async with call.connection() as conn:
+        deleted = await service.remove_stream(conn, call.actor, stream_id=call.path("stream_id"))
+    return call.reply(deleted)

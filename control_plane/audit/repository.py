@@ -240,3 +240,105 @@ def legacy_query(project_id: str, *, before: datetime | None,
     if action_prefix:
         conds.append(f"e.action LIKE {p(like_literal(action_prefix) + '%')}")
     return LegacySql(" AND ".join(conds), p)
+
+
+# --- audit streams ------------------------------------------------------------------------------
+
+LAG_CAP: Final = 1_000_000
+"""``lag`` counts at most this many events (a stream paused for long)."""
+STREAM_COLUMNS: Final = (
+    "s.id, s.destination_type, s.destination_shown, s.actions, s.description, s.status, "
+    "s.last_error, s.last_delivered_at, s.created_at, "
+    f"""(SELECT count(*) FROM (
+         SELECT 1 FROM audit_events e
+         WHERE e.project_id = s.project_id AND (e.tx, e.id) > (s.tx, s.event_id)
+           AND (s.actions IS NULL OR e.action = ANY (s.actions)) LIMIT {LAG_CAP}) x)::int AS lag""")
+
+
+async def insert_stream(conn: asyncpg.Connection, *, stream_id: str, project_id: str,
+                        destination_type: str, sealed: bytes, shown: dict[str, object],
+                        actions: list[str] | None, description: str | None) -> asyncpg.Record:
+    """A new stream positioned at the log's horizon now: it carries what commits from here."""
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""WITH s AS (
+                INSERT INTO audit_streams (id, project_id, destination_type, destination_sealed,
+                                           destination_shown, actions, description, tx)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, pg_snapshot_xmin(pg_current_snapshot()))
+                RETURNING *)
+            SELECT {STREAM_COLUMNS} FROM s""",
+        stream_id, project_id, destination_type, sealed, shown, actions, description)
+    return row
+
+
+async def find_stream(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, stream_id: str,
+                      *, lock: bool = False) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"""SELECT {STREAM_COLUMNS} FROM audit_streams s WHERE s.id = $1 AND s.project_id = $2
+            {'FOR UPDATE' if lock else ''}""", stream_id, project_id)
+    return row
+
+
+async def update_stream(conn: asyncpg.Connection, stream_id: str,
+                        changes: dict[str, object]) -> asyncpg.Record:
+    """Set ``changes`` (columns of the caller's constants); resuming (``status`` ``active``)
+    makes the stream due at once."""
+    p = Params()
+    sets = [f"{column} = {p(value)}" for column, value in changes.items()]
+    if changes.get("status") == "active":
+        sets.append("next_attempt_at = now()")
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""WITH s AS (UPDATE audit_streams SET {', '.join(sets)}, updated_at = now()
+                       WHERE id = {p(stream_id)} RETURNING *)
+            SELECT {STREAM_COLUMNS} FROM s""", *p.values)
+    return row
+
+
+async def delete_stream(conn: asyncpg.Connection, project_id: str, stream_id: str) -> bool:
+    found = await conn.fetchval(
+        "DELETE FROM audit_streams WHERE id = $1 AND project_id = $2 RETURNING 1",
+        stream_id, project_id)
+    return found is not None
+
+
+STREAM_CLAIM: Final = """
+UPDATE audit_streams s SET locked_until = now() + $1
+WHERE s.id IN (
+    SELECT id FROM audit_streams
+    WHERE status <> 'paused' AND next_attempt_at <= now()
+      AND (locked_until IS NULL OR locked_until < now())
+    ORDER BY next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+RETURNING s.id, s.project_id, s.destination_type, s.destination_sealed, s.actions,
+          s.tx::text AS tx, s.event_id, s.batch, s.batch_created_at,
+          s.batch_last_tx::text AS batch_last_tx, s.failures"""
+"""Claim up to ``$2`` due streams for ``$1`` (an interval)."""
+STREAM_NEXT: Final = f"""
+SELECT {JSON_COLUMNS}, e.tx::text AS tx, e.created_at AS created_at_ts FROM audit_events e
+WHERE e.project_id = $1 AND e.tx < pg_snapshot_xmin(pg_current_snapshot())
+  AND (e.tx, e.id) > ($2::text::xid8, $3::text)
+  AND ($4::text[] IS NULL OR e.action = ANY ($4))
+ORDER BY e.tx, e.id LIMIT $5"""
+"""The next events of project ``$1`` after the position (``$2`` tx as text, ``$3`` id), of the
+actions ``$4`` (null: all), at most ``$5``, below the oldest running transaction."""
+STREAM_BATCH_EVENTS: Final = f"""
+SELECT {JSON_COLUMNS} FROM unnest($1::timestamptz[], $2::text[]) WITH ORDINALITY AS k (created_at, id, n)
+JOIN audit_events e ON e.created_at = k.created_at AND e.id = k.id
+ORDER BY k.n"""
+"""The events of a batch sent before, in its order (those dropped since are gone)."""
+STREAM_HOLD_BATCH: Final = """
+UPDATE audit_streams SET batch = $2, batch_created_at = $3, batch_last_tx = $4::text::xid8
+WHERE id = $1"""
+STREAM_ACKNOWLEDGED: Final = """
+UPDATE audit_streams SET tx = batch_last_tx, event_id = batch[array_length(batch, 1)],
+       batch = NULL, batch_created_at = NULL, batch_last_tx = NULL, failures = 0,
+       status = CASE WHEN status = 'failing' THEN 'active' ELSE status END,
+       last_error = NULL, last_delivered_at = now()
+WHERE id = $1 AND batch IS NOT NULL
+RETURNING status"""
+"""The destination took the batch: the position moves past it (the claim goes on unless the
+stream was paused or deleted meanwhile: ``paused`` or no row)."""
+STREAM_IDLE: Final = """
+UPDATE audit_streams SET next_attempt_at = now() + $2, locked_until = NULL WHERE id = $1"""
+STREAM_FAILED: Final = """
+UPDATE audit_streams SET failures = failures + 1, last_error = $2, next_attempt_at = now() + $3,
+       status = CASE WHEN status = 'active' THEN 'failing' ELSE status END, locked_until = NULL
+WHERE id = $1"""

@@ -10,11 +10,22 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BeforeValidator, Field, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 
-from common.schemas import QueryModel
+from common.schemas import PatchModel, QueryModel, RequestModel, name_pattern, printable
+from control_plane.audit.streams.datadog import DatadogConfig
+from control_plane.audit.streams.splunk_hec import SplunkConfig
+from control_plane.audit.streams.webhook import WebhookConfig
 from control_plane.web.pagination import Cursor, Limit, limit_type
 
 EXPORT_CAP: Final = 100_000  # SPEC.md 8
@@ -204,3 +215,72 @@ class LegacyQuery(QueryModel):
                                  "description": "A literal prefix of the action (% and _ are "
                                                 "not wildcards); empty: any."})] = None
     limit: Limit = 50
+
+
+# --- what other domains name in their bodies ---------------------------------------------------
+
+ACTION_RE: Final = re.compile(r"^(\*|[a-z][a-z0-9_]*(\.[a-z0-9_]+)+)$")
+"""An audit action name (``user.created``, ``auth.signin_attempt``), or ``*`` for every event."""
+
+Action = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=ACTION_RE.pattern)]
+Description = Annotated[
+    str, StringConstraints(strip_whitespace=True, max_length=500), AfterValidator(printable),
+    WithJsonSchema({"type": "string", "pattern": name_pattern(500, required=False),
+                    "description": "0 to 500 characters after trimming whitespace, none of them "
+                                   "a control character."})]
+
+
+# --- audit streams -------------------------------------------------------------------------------
+
+StreamStatus = Literal["active", "paused", "failing"]
+DestinationConfig = Annotated[WebhookConfig | DatadogConfig | SplunkConfig,
+                              Field(discriminator="type")]
+StreamActions = Annotated[list[Action], Field(min_length=1, max_length=100, description=(
+    "Only events of these actions (leave it out, or [\"*\"], for every event)."))]
+
+
+class StreamBody(RequestModel):
+    """``POST /v1/audit/streams``: where the events go (``destination``, by ``type``), which
+    (``actions``; every event when left out) and a note."""
+
+    destination: DestinationConfig
+    actions: StreamActions | None = None
+    description: Description | None = None
+
+
+class StreamPatch(PatchModel):
+    """``PATCH /v1/audit/streams/{id}``: ``status`` ``paused`` stops sending (the position stays:
+    ``active`` resumes there, nothing lost), ``actions`` (null: every event), ``description``."""
+
+    nullable_fields = frozenset({"actions", "description"})
+
+    status: Literal["active", "paused"] | None = None
+    actions: StreamActions | None = None
+    description: Description | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """An audit stream (``strm_``): its ``destination`` (credentials shown as ``"***"``),
+    ``actions`` (null: every event), ``status`` (``failing`` while a batch keeps failing, with
+    ``last_error``), ``lag`` (events committed after its position and not yet acknowledged),
+    and, for the ``webhook`` type, ``secret`` in the create answer only."""
+
+    id: str
+    destination: dict[str, Any]
+    actions: list[str] | None
+    description: str | None
+    status: StreamStatus
+    lag: int
+    last_error: str | None
+    last_delivered_at: datetime | None
+    created_at: datetime
+    secret: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedStream:
+    """A deleted stream: nothing more is sent."""
+
+    id: str
+    deleted: bool

@@ -41,20 +41,29 @@ from typing import Any, Final, Literal
 import asyncpg
 import orjson
 
-from common.errors import InvalidRequest
-from common.ids import new_id
+from common.errors import InvalidRequest, NotFound
+from common.ids import is_id, new_id
+from common.settings import Settings
 from control_plane.audit import repository
 from control_plane.audit.repository import Filters, Key, format_time
 from control_plane.audit.schemas import (
     AuditEvent,
+    DeletedStream,
     EventFilters,
     EventsQuery,
     ExportQuery,
     LegacyPage,
     LegacyQuery,
+    Stream,
+    StreamBody,
+    StreamPatch,
 )
+from control_plane.audit.streams import DESTINATIONS
+from control_plane.audit.streams.base import Destination
+from control_plane.kms import LocalKms
+from control_plane.web import outbound, webhook_signing
 from control_plane.web.actor import Actor
-from control_plane.web.pagination import Listing, Page, Position, page_of
+from control_plane.web.pagination import Listing, Page, PageQuery, Position, page_by_id, page_of
 
 LISTING: Final = "audit_events"  # the cursor's listing: JSON, CSV and JSONL share it
 TYPES_WINDOW: Final = timedelta(days=30)
@@ -302,3 +311,131 @@ async def _chunks(cursor: asyncpg.cursor.Cursor[asyncpg.Record],
             # transaction ends (a client that left mid-export brings us here).
             with contextlib.suppress(Exception):
                 await fetch
+
+
+# --- audit streams -------------------------------------------------------------------------------
+
+STREAMS_LISTING: Final = "audit_streams"
+
+
+def stream_aad(stream_id: str) -> bytes:
+    """What binds a sealed destination to its stream's row."""
+    return b"audit_stream:" + stream_id.encode()
+
+
+def _stream(row: asyncpg.Record, secret: str | None = None) -> Stream:
+    return Stream(row["id"], dict(row["destination_shown"]),
+                  list(row["actions"]) if row["actions"] is not None else None,
+                  row["description"], row["status"], row["lag"], row["last_error"],
+                  row["last_delivered_at"], row["created_at"], secret)
+
+
+def _actions(actions: list[str] | None) -> list[str] | None:
+    """The filter as stored: duplicates dropped; ``*`` (or none) is every event (null)."""
+    if actions is None or "*" in actions:
+        return None
+    return list(dict.fromkeys(actions))
+
+
+async def _check_urls(config: dict[str, Any], destination: Destination, settings: Settings) -> None:
+    for name in destination.urls:
+        url = config.get(name)
+        if url is None:
+            continue
+        problem = await outbound.resolved_problem(
+            str(url), allow_private=settings.webhook_allow_private_urls)
+        if problem:
+            raise InvalidRequest.field(f"destination.{name}", problem)
+
+
+async def create_stream(conn: asyncpg.Connection, actor: Actor, *, body: StreamBody,
+                        kms: LocalKms, settings: Settings) -> Stream:
+    """A new stream carrying the events committed from now on (of ``body.actions``) to its
+    destination; its credentials sealed by the KMS and shown as ``"***"``; a ``webhook``
+    destination gets a signing secret, answered this once (``audit.stream.created``). Raises
+    InvalidRequest naming a destination URL the outbound rule refuses."""
+    assert actor.project_id is not None
+    config = body.destination.model_dump(exclude_none=True)
+    kind = DESTINATIONS[config["type"]]
+    await _check_urls(config, kind, settings)
+    stream_id = new_id("strm")
+    secret = webhook_signing.new_secret() if kind.signed else None
+    sealed_config = {**config, **({"secret": secret} if secret else {})}
+    shown = {k: ("***" if k in kind.secrets else v) for k, v in config.items()}
+    actions = _actions(body.actions)
+    async with conn.transaction():
+        row = await repository.insert_stream(
+            conn, stream_id=stream_id, project_id=actor.project_id,
+            destination_type=config["type"],
+            sealed=kms.seal(orjson.dumps(sealed_config), stream_aad(stream_id)), shown=shown,
+            actions=actions, description=body.description)
+        await record(conn, actor, action="audit.stream.created", target_type="audit_stream",
+                     target_id=stream_id, description=f"Created audit stream {stream_id}",
+                     metadata={"destination": shown, "actions": actions})
+    return _stream(row, secret)
+
+
+async def find_stream(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, stream_id: str,
+                      *, lock: bool = False) -> asyncpg.Record:
+    """The project's stream. Raises NotFound (another project's too)."""
+    row = None
+    if is_id(stream_id, "strm"):
+        row = await repository.find_stream(conn, project_id, stream_id, lock=lock)
+    if row is None:
+        raise NotFound("No audit stream with that id in this project.")
+    return row
+
+
+async def describe_stream(pool: asyncpg.Pool, project_id: str, stream_id: str) -> Stream:
+    """The stream with its status and lag. Raises NotFound."""
+    return _stream(await find_stream(pool, project_id, stream_id))
+
+
+async def list_streams(pool: asyncpg.Pool, listing: Listing, query: PageQuery) -> Page[Stream]:
+    """A page of the project's streams, oldest first, each with its lag. Raises InvalidRequest
+    (cursor)."""
+    return await page_by_id(pool, listing, query, table="audit_streams s",
+                            columns=repository.STREAM_COLUMNS, row=_stream, alias="s")
+
+
+async def update_stream(conn: asyncpg.Connection, actor: Actor, *, stream_id: str,
+                        body: StreamPatch) -> Stream:
+    """Pause, resume, or change the filter or the note (``audit.stream.updated``). A paused
+    stream keeps its position: resumed, it goes on from there. Raises NotFound."""
+    assert actor.project_id is not None
+    changes: dict[str, object] = {}
+    fields = body.model_fields_set
+    if "status" in fields:
+        changes["status"] = body.status
+    if "actions" in fields:
+        changes["actions"] = _actions(body.actions)
+    if "description" in fields:
+        changes["description"] = body.description
+    async with conn.transaction():
+        before = await find_stream(conn, actor.project_id, stream_id, lock=True)
+        if changes.get("status") == "active" and before["status"] == "failing":
+            del changes["status"]  # it is not paused: it keeps trying
+        row = await repository.update_stream(conn, stream_id, changes) if changes else before
+        await record(conn, actor, action="audit.stream.updated", target_type="audit_stream",
+                     target_id=stream_id, description=f"Updated audit stream {stream_id}",
+                     metadata={"changed": sorted(fields), "status": row["status"],
+                               "previous_status": before["status"],
+                               "actions": row["actions"]})
+    return _stream(row)
+
+
+async def remove_stream(conn: asyncpg.Connection, actor: Actor, *, stream_id: str) -> DeletedStream:
+    """Delete the stream (``audit.stream.deleted``): nothing more is sent. Raises NotFound."""
+    assert actor.project_id is not None
+    async with conn.transaction():
+        await find_stream(conn, actor.project_id, stream_id, lock=True)
+        await repository.delete_stream(conn, actor.project_id, stream_id)
+        await record(conn, actor, action="audit.stream.deleted", target_type="audit_stream",
+                     target_id=stream_id, description=f"Deleted audit stream {stream_id}")
+    return DeletedStream(stream_id, True)
+
+
+def open_destination(kms: LocalKms, stream_id: str, sealed: bytes) -> dict[str, Any]:
+    """A stream's destination configuration, credentials (and a webhook's secret) included."""
+    config: dict[str, Any] = orjson.loads(kms.open(sealed, stream_aad(stream_id)))
+    return config

@@ -1,29 +1,54 @@
-"""Monthly partitions of ``audit_events``: made ahead, dropped past retention.
+"""The audit log's workers: monthly partitions, and the audit streams.
+
+**Partitions.** Monthly partitions of ``audit_events``: made ahead, dropped past retention.
 
 SPEC.md 8: ``SERVICE_AUDIT_FORWARD_MONTHS`` (default 3) partitions ahead,
 ``SERVICE_AUDIT_RETENTION_MONTHS`` (default 3): partitions whose upper bound is older than
 now minus the retention are dropped; run at start and every 24 hours. Rows that landed in the
 DEFAULT partition (the guarantee that no insert fails) are moved into a new month's partition
 when it is created, and deleted there once past retention.
+
+**Streams** (:class:`Streamer`, one per process). Due streams are claimed under a lease
+(``FOR UPDATE SKIP LOCKED``: a stream is sent by one process at a time). A claimed stream
+sends the batch it holds (a retry: exactly the same events), or reads the next one after its
+position (at most ``SERVICE_STREAM_BATCH_SIZE`` events of its project and actions, in ``(tx,
+id)`` order and below the oldest running transaction, as the webhook fan-out reads the log:
+an event whose transaction commits late is never passed) and holds it before sending, so a
+crash mid-send sends it again. Once the destination acknowledged it, the position moves past
+it and the next batch goes at once (up to :data:`BATCHES_PER_CLAIM` per claim); a refusal keeps
+the batch and retries it after a backoff (1 s doubling to :data:`STREAM_BACKOFF_CAP_SECONDS`,
+or the destination's longer ``Retry-After``), with ``status`` ``failing`` and ``last_error``.
+Nothing after a failing batch is sent before it. A stream with nothing new is looked at again
+after :data:`STREAM_IDLE_SECONDS`. Delivery is at least once (a batch acknowledged but not yet
+recorded when the process died is sent again) with stable ``evt_`` ids.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
-from typing import Final
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Final
 
+import aiohttp
 import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
+from common.db import reconnect_delay
 from common.runtime import background, every
 from common.settings import Settings
+from control_plane.appkeys import KMS
+from control_plane.audit import repository, service
+from control_plane.audit.streams import DESTINATIONS
+from control_plane.audit.streams.base import Batch, Context, Refused
+from control_plane.kms import LocalKms
+from control_plane.web import outbound
 
 log = logging.getLogger("authio.audit")
 
@@ -145,15 +170,142 @@ async def partition_pass(pool: asyncpg.Pool, settings: Settings) -> PartitionRep
     return report
 
 
+# --- audit streams -------------------------------------------------------------------------------
+
+STREAM_IDLE_SECONDS: Final = 0.25
+STREAM_BACKOFF_CAP_SECONDS: Final = 300.0
+STREAM_CLAIM: Final = 16
+BATCHES_PER_CLAIM: Final = 50
+
+
+def stream_backoff(failures: int, retry_after: float | None) -> float:
+    """Seconds before a refused batch is sent again, after its ``failures``-th refusal."""
+    delay = min(STREAM_BACKOFF_CAP_SECONDS, 2.0 ** min(max(failures - 1, 0), 16))
+    return max(delay, min(retry_after or 0.0, 86_400.0))
+
+
+class Streamer:
+    """The streams' worker of one process (see the module docstring)."""
+
+    def __init__(self, pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
+                 http: aiohttp.ClientSession) -> None:
+        self._pool, self._kms, self._settings = pool, kms, settings
+        self._ctx = Context(http, settings.webhook_allow_private_urls,
+                            settings.webhook_timeout_seconds)
+        self._lease = timedelta(seconds=3 * settings.webhook_timeout_seconds + 10)
+        self._in_flight: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        failures = 0
+        try:
+            while True:
+                try:
+                    free = STREAM_CLAIM - len(self._in_flight)
+                    rows = (await self._pool.fetch(repository.STREAM_CLAIM, self._lease, free)
+                            if free > 0 else [])
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    failures += 1
+                    delay = reconnect_delay(failures)
+                    log.warning("audit streams could not be claimed (%s: %s); retrying in %.1f s",
+                                type(exc).__name__, exc, delay)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                for row in rows:
+                    task = asyncio.create_task(self._stream(row), name=f"stream-{row['id']}")
+                    self._in_flight.add(task)
+                    task.add_done_callback(self._in_flight.discard)
+                await asyncio.sleep(STREAM_IDLE_SECONDS / 2)
+        finally:
+            for task in self._in_flight:
+                task.cancel()
+            await asyncio.gather(*self._in_flight, return_exceptions=True)
+
+    async def _stream(self, claim: asyncpg.Record) -> None:
+        stream_id, size = claim["id"], self._settings.stream_batch_size
+        try:
+            destination = DESTINATIONS[claim["destination_type"]]
+            config = service.open_destination(self._kms, stream_id, claim["destination_sealed"])
+            position = (claim["tx"], claim["event_id"])
+            failures = claim["failures"]
+            held: _Held | None = None
+            if claim["batch"] is not None:  # a batch sent before and not acknowledged
+                held = _Held(list(claim["batch"]), claim["batch_last_tx"], await self._pool.fetch(
+                    repository.STREAM_BATCH_EVENTS, claim["batch_created_at"], claim["batch"]))
+            for _ in range(BATCHES_PER_CLAIM):
+                if held is None:
+                    rows = await self._pool.fetch(repository.STREAM_NEXT, claim["project_id"],
+                                                  *position, claim["actions"], size)
+                    if not rows:
+                        break
+                    held = _Held([r["id"] for r in rows], rows[-1]["tx"], rows)
+                    await self._pool.execute(repository.STREAM_HOLD_BATCH, stream_id, held.ids,
+                                             [r["created_at_ts"] for r in rows], held.last_tx)
+                batch = Batch(stream_id, f"{stream_id}:{held.ids[0]}",
+                              [_event(e) for e in held.events])
+                try:
+                    await destination.send(self._ctx, config, batch)
+                except Refused as refusal:
+                    await self._refused(claim, refusal, failures + 1)
+                    return
+                failures = 0
+                status = await self._pool.fetchval(repository.STREAM_ACKNOWLEDGED, stream_id)
+                if status in (None, "paused"):
+                    break
+                position, held = (held.last_tx, held.ids[-1]), None
+            await self._pool.execute(repository.STREAM_IDLE, stream_id,
+                                     timedelta(seconds=STREAM_IDLE_SECONDS))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # The lease runs out and another pass (here or elsewhere) takes the stream again.
+            log.exception("audit stream %s: unexpected error; it is retried when its lease ends",
+                          stream_id)
+
+    async def _refused(self, claim: asyncpg.Record, refusal: Refused, failures: int) -> None:
+        delay = stream_backoff(failures, refusal.retry_after)
+        log.warning("audit stream %s: the %s destination refused a batch (%s); retrying in %.0f s",
+                    claim["id"], claim["destination_type"], refusal.reason, delay)
+        await self._pool.execute(repository.STREAM_FAILED, claim["id"], refusal.reason,
+                                 timedelta(seconds=delay))
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A batch held by a stream until acknowledged: its event ids, the last one's ``tx``, and
+    its events."""
+
+    ids: list[str]
+    last_tx: str
+    events: list[asyncpg.Record]
+
+
+def _event(row: asyncpg.Record) -> dict[str, Any]:
+    """An event as ``GET /v1/audit/events`` lists it (the columns of ``JSON_COLUMNS``)."""
+    return {k: row[k] for k in _EVENT_FIELDS}
+
+
+_EVENT_FIELDS: Final = ("id", "created_at", "action", "actor_type", "actor_id", "user_id",
+                        "project_id", "target_type", "target_id", "ip", "user_agent",
+                        "description", "metadata")
+
+
 @contextlib.asynccontextmanager
 async def workers(app: web.Application) -> AsyncIterator[None]:
     """The partition manager: a first pass before the app serves (so the current month's
     partition exists before the first audit insert), then one every
-    ``SERVICE_AUDIT_PARTITION_INTERVAL_SECONDS``."""
+    ``SERVICE_AUDIT_PARTITION_INTERVAL_SECONDS``; and the audit streams' worker."""
     pool, settings = app[PG_POOL], app[SETTINGS]
     await partition_pass(pool, settings)
     interval = settings.audit_partition_interval_seconds
-    async with background(audit_partitions=every(
-            interval, functools.partial(partition_pass, pool, settings),
-            what="audit partition pass", logger=log, first_after=interval)):
-        yield
+    async with outbound.client(timeout_seconds=settings.webhook_timeout_seconds,
+                               allow_private=settings.webhook_allow_private_urls) as http:
+        streamer = Streamer(pool, app[KMS], settings, http)
+        async with background(
+                audit_partitions=every(
+                    interval, functools.partial(partition_pass, pool, settings),
+                    what="audit partition pass", logger=log, first_after=interval),
+                audit_streams=streamer.run()):
+            yield

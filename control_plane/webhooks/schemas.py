@@ -3,43 +3,25 @@ changed and answered, a delivery with its attempts, and the recover call's body.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
+from pydantic import Field
 
-from common.schemas import PatchModel, RequestModel, name_pattern, printable
-from control_plane.audit.schemas import Time
+from common.schemas import PatchModel, RequestModel
+from control_plane.audit.schemas import Action, Description, Time
+from control_plane.web.outbound import Url
 from control_plane.web.pagination import PageQuery
 
 MAX_EVENTS: Final = 100
-ACTION_RE: Final = re.compile(r"^(\*|[a-z][a-z0-9_]*(\.[a-z0-9_]+)+)$")
-"""An action name (``user.created``, ``auth.signin_attempt``), or ``*`` for every event."""
-
 EndpointStatus = Literal["active", "disabled"]
 DisabledReason = Literal["gone", "failing"]
 DeliveryStatus = Literal["pending", "succeeded", "failed"]
 
-URL_PATTERN: Final = "^https?://[!-\"$-~]+$"
-"""Visible ASCII (a host in its IDNA form), no fragment."""
-_URL_SCHEMA: Final = {
-    "type": "string", "minLength": 1, "maxLength": 2048, "pattern": URL_PATTERN,
-    "description": ("An absolute https URL whose host resolves to public addresses only "
-                    "(SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS=true also allows http and any address).")}
-Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=URL_PATTERN),
-                WithJsonSchema(_URL_SCHEMA)]
-"""A receiver's URL; what it may name is judged by ``outbound.url_problem`` with the settings."""
-Action = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=ACTION_RE.pattern)]
 Events = Annotated[list[Action], Field(min_length=1, max_length=MAX_EVENTS, description=(
     'The action names to receive (as GET /v1/audit/event-types lists them), or ["*"] for '
     "every event."))]
-Description = Annotated[
-    str, StringConstraints(strip_whitespace=True, max_length=500), AfterValidator(printable),
-    WithJsonSchema({"type": "string", "pattern": name_pattern(500, required=False),
-                    "description": "0 to 500 characters after trimming whitespace, none of them "
-                                   "a control character."})]
 
 
 class EndpointBody(RequestModel):

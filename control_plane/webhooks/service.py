@@ -30,9 +30,11 @@ from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
+from control_plane.web import outbound
+from control_plane.web import webhook_signing as signing
 from control_plane.web.actor import Actor
 from control_plane.web.pagination import Listing, Page, PageQuery, page_by_id, page_of, position
-from control_plane.webhooks import outbound, repository, signing
+from control_plane.webhooks import repository
 from control_plane.webhooks.schemas import (
     DeletedEndpoint,
     Delivery,

@@ -50,7 +50,9 @@ from common.runtime import background
 from common.settings import Settings
 from control_plane.appkeys import KMS
 from control_plane.kms import LocalKms
-from control_plane.webhooks import outbound, repository, service, signing
+from control_plane.web import outbound
+from control_plane.web import webhook_signing as signing
+from control_plane.webhooks import repository, service
 
 log = logging.getLogger("authio.webhooks")
 tracer = trace.get_tracer("authio.webhooks")

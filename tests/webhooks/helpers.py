@@ -19,9 +19,10 @@ from tests.fixtures.service import Api, eventually
 
 SETTINGS: dict[str, Any] = {
     "webhook_allow_private_urls": True, "webhook_retry_schedule": "0.3,0.3,0.3",
-    "webhook_timeout_seconds": 2.0,
+    "webhook_timeout_seconds": 2.0, "stream_batch_size": 3,
 }
-"""The webhook tests' service: receivers on loopback over http, a short retry schedule."""
+"""The outbound tests' service: receivers on loopback over http, a short retry schedule, audit
+stream batches of 3 events."""
 
 
 @dataclass

@@ -8,7 +8,7 @@ import socket
 
 import asyncpg
 
-from control_plane.webhooks.outbound import is_public
+from control_plane.web.outbound import is_public
 from tests.fixtures.database import events
 from tests.fixtures.service import (
     ULID,

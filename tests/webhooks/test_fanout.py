@@ -15,7 +15,7 @@ import pytest
 from aiohttp import ClientSession, web
 
 from common.ids import new_id
-from control_plane.webhooks import outbound
+from control_plane.web import outbound
 from control_plane.webhooks.tasks import JITTER, retry_delay
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import email

@@ -1,5 +1,6 @@
-"""Requests to receivers that customers name: which URLs and addresses are allowed, and the HTTP
-client that keeps to it on every attempt (DESIGN.md "webhooks"; OWASP SSRF prevention).
+"""Requests to receivers that customers name (webhook endpoints, audit streams): which URLs and
+addresses are allowed, and the HTTP client that keeps to it on every attempt (DESIGN.md
+"webhooks"; OWASP SSRF prevention).
 
 * :func:`url_problem`: an endpoint's URL must be absolute ``https`` with a host, no credentials
   and no fragment; unless ``SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS=true`` (which also allows
@@ -25,13 +26,23 @@ import socket
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Final
+from typing import Annotated, Final
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
+from pydantic import StringConstraints, WithJsonSchema
 
+URL_PATTERN: Final = "^https?://[!-\"$-~]+$"
+"""Visible ASCII (a host in its IDNA form), no fragment."""
+_URL_SCHEMA: Final = {
+    "type": "string", "minLength": 1, "maxLength": 2048, "pattern": URL_PATTERN,
+    "description": ("An absolute https URL whose host resolves to public addresses only "
+                    "(SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS=true also allows http and any address).")}
+Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=URL_PATTERN),
+                WithJsonSchema(_URL_SCHEMA)]
+"""A receiver's URL in a request body; what it may name is judged by :func:`url_problem`."""
 MAX_BODY_BYTES: Final = 4096
 """The most of a receiver's answer that is read (it is only kept as a hint on failure)."""
 USER_AGENT: Final = "authio-webhooks/1"
