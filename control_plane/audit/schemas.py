@@ -24,6 +24,8 @@ from pydantic import (
 
 from common.schemas import PatchModel, QueryModel, RequestModel, name_pattern, printable
 from control_plane.audit.streams.datadog import DatadogConfig
+from control_plane.audit.streams.nats import NatsConfig
+from control_plane.audit.streams.s3 import S3Config
 from control_plane.audit.streams.splunk_hec import SplunkConfig
 from control_plane.audit.streams.webhook import WebhookConfig
 from control_plane.web.pagination import Cursor, Limit, limit_type
@@ -233,8 +235,8 @@ Description = Annotated[
 # --- audit streams -------------------------------------------------------------------------------
 
 StreamStatus = Literal["active", "paused", "failing"]
-DestinationConfig = Annotated[WebhookConfig | DatadogConfig | SplunkConfig,
-                              Field(discriminator="type")]
+DestinationConfig = Annotated[
+    WebhookConfig | DatadogConfig | SplunkConfig | S3Config | NatsConfig, Field(discriminator="type")]
 StreamActions = Annotated[list[Action], Field(min_length=1, max_length=100, description=(
     "Only events of these actions (leave it out, or [\"*\"], for every event)."))]
 

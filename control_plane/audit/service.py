@@ -337,15 +337,19 @@ def _actions(actions: list[str] | None) -> list[str] | None:
     return list(dict.fromkeys(actions))
 
 
-async def _check_urls(config: dict[str, Any], destination: Destination, settings: Settings) -> None:
-    for name in destination.urls:
-        url = config.get(name)
-        if url is None:
-            continue
-        problem = await outbound.resolved_problem(
-            str(url), allow_private=settings.webhook_allow_private_urls)
-        if problem:
-            raise InvalidRequest.field(f"destination.{name}", problem)
+async def _check_addresses(config: dict[str, Any], destination: Destination,
+                           settings: Settings) -> None:
+    """Raises InvalidRequest naming each destination address the outbound rule refuses."""
+    allow = settings.webhook_allow_private_urls
+    problems = [(f"destination.{name}", problem) for name in destination.urls
+                if config.get(name) is not None and (problem := await outbound.resolved_problem(
+                    str(config[name]), allow_private=allow))]
+    if destination.check is not None:
+        problems += await destination.check(config, allow_private=allow)
+    if problems:
+        raise InvalidRequest(
+            "; ".join(f"{field}: {problem}" for field, problem in problems),
+            details={"fields": [{"field": f, "message": m} for f, m in problems]})
 
 
 async def create_stream(conn: asyncpg.Connection, actor: Actor, *, body: StreamBody,
@@ -357,7 +361,7 @@ async def create_stream(conn: asyncpg.Connection, actor: Actor, *, body: StreamB
     assert actor.project_id is not None
     config = body.destination.model_dump(exclude_none=True)
     kind = DESTINATIONS[config["type"]]
-    await _check_urls(config, kind, settings)
+    await _check_addresses(config, kind, settings)
     stream_id = new_id("strm")
     secret = webhook_signing.new_secret() if kind.signed else None
     sealed_config = {**config, **({"secret": secret} if secret else {})}

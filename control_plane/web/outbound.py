@@ -108,6 +108,12 @@ allowed: its attempts fail until it does, and each attempt is judged again)."""
     return f"must not resolve to a non-public address ({', '.join(bad)})" if bad else None
 
 
+async def host_problem(host: str, *, allow_private: bool) -> str | None:
+    """Why a destination's ``host`` (a name or an address, not a URL: a message broker's) cannot
+    be sent to, or None: the rule of :func:`resolved_problem`."""
+    return await resolved_problem(f"https://{host}/", allow_private=allow_private)
+
+
 class PublicResolver(AbstractResolver):
     """The default resolver, keeping only public addresses; raises UnsafeAddress when none is
     left."""

@@ -53,16 +53,20 @@ class Context:
 
 
 Send = Callable[[Context, Mapping[str, Any], Batch], Awaitable[None]]
+Check = Callable[..., Awaitable[list[tuple[str, str]]]]
+"""``check(config, allow_private=...)``: (field, problem) of each address the outbound rule
+refuses, for destinations whose addresses are not URLs of ``urls``."""
 
 
 @dataclass(frozen=True, slots=True)
 class Destination:
     """A destination type: its ``config`` model, the names of its credential fields (shown as
-    ``"***"``), the URL fields the outbound rule applies to, whether the stream gets a signing
-    secret of its own, and ``send``."""
+    ``"***"``), the URL fields the outbound rule applies to (and ``check`` for other
+    addresses), whether the stream gets a signing secret of its own, and ``send``."""
 
     config: type[RequestModel]
     secrets: tuple[str, ...]
     urls: tuple[str, ...]
     signed: bool
     send: Send
+    check: Check | None = None
