@@ -135,11 +135,14 @@ async def test_s3_one_object_per_batch(hooks_project: Project, db: asyncpg.Pool,
                  for line in objects[key].splitlines()]
         return [e["id"] for e in lines] == wanted
     await eventually(all_in, what="4 events in 2 objects")
-    keys = sorted(await _objects(s3_endpoint))
-    assert len(keys) == 2
-    for key in keys:
+    objects = await _objects(s3_endpoint)
+    assert len(objects) == 2
+    for key, body in objects.items():
         prefix, stream, year, month, day, name = key.split("/")
-        assert (prefix, stream) == ("authio", stream_id) and name.endswith(".jsonl")
+        first = orjson.loads(body.splitlines()[0])
+        assert (prefix, stream) == ("authio", stream_id)
+        assert name == f"{first['id']}.jsonl"  # the batch's first event names the object
+        assert f"{year}-{month}-{day}" == first["created_at"][:10]
         assert name.removesuffix(".jsonl") in wanted
 
 
