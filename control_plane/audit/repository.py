@@ -242,6 +242,26 @@ def legacy_query(project_id: str, *, before: datetime | None,
     return LegacySql(" AND ".join(conds), p)
 
 
+# --- reading the log in commit-safe order ---------------------------------------------------------
+
+LOG_HORIZON: Final = """(SELECT coalesce(
+    (SELECT min(x) FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+     WHERE NOT EXISTS (
+         SELECT 1 FROM pg_stat_activity a
+         WHERE a.backend_xid IS NOT NULL AND a.datname IS DISTINCT FROM current_database()
+           AND a.backend_xid::text::bigint = x::text::bigint % 4294967296)),
+    pg_snapshot_xmax(pg_current_snapshot())))"""
+"""The log's horizon for a reader in ``(tx, id)`` order (``audit_events.tx``: the writing
+transaction's id): the oldest transaction of the statement's snapshot still running that may
+belong to this database, else the snapshot's ``xmax``. Every event below it is final (its
+transaction ended), so a reader that stops there never passes an event whose transaction
+commits later. Transactions seen running in another database are left out: they cannot write
+this database's log, and a long one there must not hold this one's readers back. One that ended
+since the snapshot, or whose database cannot be seen (``pg_stat_activity`` shows another
+role's ``backend_xid`` only to ``pg_read_all_stats``), counts: the reader then waits, never
+skips."""
+
+
 # --- audit streams ------------------------------------------------------------------------------
 
 LAG_CAP: Final = 1_000_000
@@ -263,7 +283,7 @@ async def insert_stream(conn: asyncpg.Connection, *, stream_id: str, project_id:
         f"""WITH s AS (
                 INSERT INTO audit_streams (id, project_id, destination_type, destination_sealed,
                                            destination_shown, actions, description, tx)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, pg_snapshot_xmin(pg_current_snapshot()))
+                VALUES ($1, $2, $3, $4, $5, $6, $7, {LOG_HORIZON})
                 RETURNING *)
             SELECT {STREAM_COLUMNS} FROM s""",
         stream_id, project_id, destination_type, sealed, shown, actions, description)
@@ -313,7 +333,7 @@ RETURNING s.id, s.project_id, s.destination_type, s.destination_sealed, s.action
 """Claim up to ``$2`` due streams for ``$1`` (an interval)."""
 STREAM_NEXT: Final = f"""
 SELECT {JSON_COLUMNS}, e.tx::text AS tx, e.created_at AS created_at_ts FROM audit_events e
-WHERE e.project_id = $1 AND e.tx < pg_snapshot_xmin(pg_current_snapshot())
+WHERE e.project_id = $1 AND e.tx < {LOG_HORIZON}
   AND (e.tx, e.id) > ($2::text::xid8, $3::text)
   AND ($4::text[] IS NULL OR e.action = ANY ($4))
 ORDER BY e.tx, e.id LIMIT $5"""

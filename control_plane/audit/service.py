@@ -99,6 +99,8 @@ def event_params(actor: Actor, *, name: str = "event", **event: Any) -> dict[str
             for column, value in event_values(actor, **event).items()}
 
 
+LOG_HORIZON: Final = repository.LOG_HORIZON
+"""SQL: how far a reader of the log in ``(tx, id)`` order may go (``repository.LOG_HORIZON``)."""
 EVENT_COLUMNS: Final = repository.JSON_COLUMNS
 """The columns of an event as ``GET /v1/audit/events`` lists it (table alias ``e``), for another
 domain's query that sends events elsewhere (webhooks, streams)."""

@@ -9,7 +9,7 @@ from typing import Any, Final
 import asyncpg
 
 from common.db import Params
-from control_plane.audit.service import EVENT_COLUMNS
+from control_plane.audit.service import EVENT_COLUMNS, LOG_HORIZON
 
 NOTIFY_CHANNEL: Final = "authio_webhooks"
 """NOTIFY'd when deliveries are made or requeued: the delivery workers wake up."""
@@ -73,10 +73,15 @@ async def delete_endpoint(conn: asyncpg.Connection, project_id: str, endpoint_id
 # --- the fan-out ------------------------------------------------------------------------------
 
 FANOUT_LOCK: Final = 0x77686570  # "whep": one fan-out at a time across processes
-FANOUT_BATCH: Final = """
+FANOUT_BEGIN: Final = """
+SELECT set_config('idle_in_transaction_session_timeout', $2::text, true) IS NOT NULL
+       AND pg_try_advisory_xact_lock($1)"""
+"""The fan-out's first statement: this transaction ends if its process stalls in it for ``$2``
+ms (the lock ``$1`` would otherwise stay taken), and the lock, if no other process holds it."""
+FANOUT_BATCH: Final = f"""
 WITH b AS (
     SELECT e.tx, e.id, e.project_id, e.action, e.created_at FROM audit_events e
-    WHERE e.tx < pg_snapshot_xmin(pg_current_snapshot())
+    WHERE e.tx < {LOG_HORIZON}
       AND (e.tx, e.id) > ($1::text::xid8, $2::text)
     ORDER BY e.tx, e.id LIMIT $3
 )
@@ -88,7 +93,8 @@ SELECT b.tx::text AS tx, b.id, b.project_id, b.action, b.created_at,
 FROM b ORDER BY b.tx, b.id"""
 """The next events of the log after the position (``$1`` tx as text, ``$2`` id), at most
 ``$3``, each with the project's active endpoints subscribed to it and created at or before it.
-Only events below the oldest running transaction are read: none can commit later below it."""
+Only events below the log's horizon are read (``audit.service.LOG_HORIZON``): none can commit
+later below it."""
 FANOUT_INSERT: Final = """
 INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type,
                                 event_created_at, next_attempt_at)

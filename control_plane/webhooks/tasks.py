@@ -59,6 +59,9 @@ tracer = trace.get_tracer("authio.webhooks")
 
 FANOUT_POLL_SECONDS: Final = 0.25
 FANOUT_BATCH: Final = 1000
+FANOUT_STALL_MS: Final = 5000
+"""A fan-out transaction left idle this long (its process stalled: a blocked event loop, a
+stopped process) is ended by PostgreSQL, which frees the fan-out for the other processes."""
 DELIVERY_POLL_SECONDS: Final = 1.0
 CLAIM_BATCH: Final = 50
 MAX_IN_FLIGHT: Final = 64
@@ -77,7 +80,8 @@ async def fan_out_pass(pool: asyncpg.Pool, *, batch: int = FANOUT_BATCH) -> int:
     """Fan out the next events of the log (at most ``batch``) into deliveries; how many events
     were passed (0: nothing new, or another process is fanning out)."""
     async with pool.acquire() as conn, conn.transaction():
-        if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", repository.FANOUT_LOCK):
+        if not await conn.fetchval(repository.FANOUT_BEGIN, repository.FANOUT_LOCK,
+                                   str(FANOUT_STALL_MS)):
             return 0
         position = await conn.fetchrow(repository.FANOUT_POSITION)
         assert position is not None

@@ -16,6 +16,7 @@ from aiohttp import ClientSession, web
 
 from common.ids import new_id
 from control_plane.web import outbound
+from control_plane.webhooks.repository import FANOUT_BEGIN, FANOUT_LOCK
 from control_plane.webhooks.tasks import JITTER, retry_delay
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import email
@@ -59,6 +60,53 @@ async def test_a_late_committing_event_is_never_passed(hooks_project: Project,
         assert {g.json["id"] for g in got} >= {held_id}
         assert {g.json["data"]["target_id"] for g in got if g.json["type"] == "user.created"} \
             == set(later)
+
+
+async def test_a_transaction_open_in_another_database_holds_nothing_back(
+        hooks_project: Project, database_url: str) -> None:
+    """Transaction ids are the whole server's, but another database's transaction cannot write
+    this one's log: one held open there (the suite's own database) delays nothing here."""
+    async with receiver() as hooks:
+        await subscribe(hooks_project.api, hooks, ["user.created"])
+        elsewhere = await asyncpg.connect(database_url)
+        try:
+            await elsewhere.execute("BEGIN")
+            assert await elsewhere.fetchval("SELECT pg_current_xact_id()")  # an id, running
+            await hooks_project.api.post("/v1/users", {"email": email()})
+            [got] = await hooks.wait_for(1, within=5)
+            assert got.json["type"] == "user.created"
+        finally:
+            await elsewhere.close()
+
+
+async def test_a_stalled_fan_out_frees_the_lock(hooks_project: Project,
+                                               webhooks_database_url: str) -> None:
+    """A process that stalls inside its fan-out transaction (a blocked event loop, a stopped
+    process) holds the fan-out's lock; PostgreSQL ends that transaction after the stall limit,
+    and the other processes fan out again. Here the stalled process is a connection of the
+    test's that took the lock as the fan-out does, with a 1 s limit."""
+    async with receiver() as hooks:
+        await subscribe(hooks_project.api, hooks, ["user.created"])
+        stalled = await asyncpg.connect(webhooks_database_url)
+        try:
+            await stalled.execute("BEGIN")
+            assert await stalled.fetchval(FANOUT_BEGIN, FANOUT_LOCK, "1000")
+            await hooks_project.api.post("/v1/users", {"email": email()})
+            await asyncio.sleep(0.6)
+            assert hooks.received == []  # the lock is taken
+            [got] = await hooks.wait_for(1, within=10)
+            assert got.json["type"] == "user.created"
+            assert stalled.is_closed() or not await _alive(stalled)
+        finally:
+            stalled.terminate()
+
+
+async def _alive(conn: asyncpg.Connection) -> bool:
+    try:
+        await conn.fetchval("SELECT 1")
+    except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
+        return False
+    return True
 
 
 def test_retry_delays_follow_the_schedule_with_jitter() -> None:
