@@ -335,10 +335,12 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
     ("a redirect_uri that is not one of the provider's: the state of its configuration",
      lambda case, r: refused_fields(r) == [
          ("redirect_uri", "must be one of the provider's redirect_uris")]),
-    ("a webhook receiver's or an audit stream destination's URL: https, and a host that is "
+    ("a webhook receiver's or an audit stream destination's URL or server: https (nats, tls), "
+     "and a host that is "
      "public as written and once resolved (DNS): rules on a URL's host beyond a pattern",
      lambda case, r: bool(refused_fields(r)) and all(
-         f == "url" or f.endswith(".url") for f, _ in refused_fields(r))),
+         f == "url" or f.endswith(".url") or f.startswith("destination.servers.")
+         for f, _ in refused_fields(r))),
     ("replaying or recovering the deliveries of a disabled endpoint: the state of an endpoint, "
      "as 404 is for an id (fuzzed PATCHes disable it)",
      lambda case, r: error_code(r) == "invalid_request"

@@ -70,6 +70,7 @@ async def _client(ctx: Context, stream_id: str, config: Mapping[str, Any]) -> Cl
         client = await nats.connect(
             servers=list(config["servers"]), connect_timeout=ctx.timeout_seconds,
             max_reconnect_attempts=1, allow_reconnect=False, error_cb=_quiet,
+            dont_randomize=True,  # the servers in their given order (and no shared RNG)
             user_credentials=RawCredentials(creds) if creds else None)
     _CLIENTS[stream_id] = (key, client)
     return client
