@@ -73,36 +73,45 @@ async def delete_endpoint(conn: asyncpg.Connection, project_id: str, endpoint_id
 # --- the fan-out ------------------------------------------------------------------------------
 
 FANOUT_LOCK: Final = 0x77686570  # "whep": one fan-out at a time across processes
-FANOUT_BEGIN: Final = """
-SELECT set_config('idle_in_transaction_session_timeout', $2::text, true) IS NOT NULL
-       AND pg_try_advisory_xact_lock($1)"""
-"""The fan-out's first statement: this transaction ends if its process stalls in it for ``$2``
-ms (the lock ``$1`` would otherwise stay taken), and the lock, if no other process holds it."""
-FANOUT_BATCH: Final = f"""
-WITH b AS (
-    SELECT e.tx, e.id, e.project_id, e.action, e.created_at FROM audit_events e
-    WHERE e.tx < {LOG_HORIZON}
-      AND (e.tx, e.id) > ($1::text::xid8, $2::text)
-    ORDER BY e.tx, e.id LIMIT $3
+FANOUT: Final = f"""
+WITH lock AS (
+    SELECT pg_try_advisory_xact_lock($1) AS got
+), pos AS (
+    SELECT f.tx, f.event_id FROM webhook_fanout f, lock WHERE lock.got
+), b AS (
+    SELECT e.tx, e.id, e.project_id, e.action, e.created_at FROM audit_events e, pos
+    WHERE e.tx < {LOG_HORIZON} AND (e.tx, e.id) > (pos.tx, pos.event_id)
+    ORDER BY e.tx, e.id LIMIT $2
+), made AS (
+    INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type,
+                                    event_created_at, next_attempt_at)
+    SELECT 'dlv_' || substr(b.id, 5, 10) || left(md5(w.id || ':' || b.id), 16), w.id,
+           b.project_id, b.id, b.action, b.created_at, now()
+    FROM b JOIN webhook_endpoints w
+      ON w.project_id = b.project_id AND w.status = 'active' AND w.created_at <= b.created_at
+     AND w.events && ARRAY[b.action, '*']
+    ON CONFLICT (endpoint_id, event_id) DO NOTHING
+    RETURNING 1
+), last AS (
+    SELECT tx, id FROM b ORDER BY tx DESC, id DESC LIMIT 1
+), moved AS (
+    UPDATE webhook_fanout f SET tx = last.tx, event_id = last.id FROM last
+    WHERE (f.tx, f.event_id) < (last.tx, last.id)
+    RETURNING 1
 )
-SELECT b.tx::text AS tx, b.id, b.project_id, b.action, b.created_at,
-       ARRAY(SELECT w.id FROM webhook_endpoints w
-             WHERE w.project_id = b.project_id AND w.status = 'active'
-               AND w.created_at <= b.created_at AND w.events && ARRAY[b.action, '*']
-             ORDER BY w.id) AS endpoints
-FROM b ORDER BY b.tx, b.id"""
-"""The next events of the log after the position (``$1`` tx as text, ``$2`` id), at most
-``$3``, each with the project's active endpoints subscribed to it and created at or before it.
-Only events below the log's horizon are read (``audit.service.LOG_HORIZON``): none can commit
-later below it."""
-FANOUT_INSERT: Final = """
-INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type,
-                                event_created_at, next_attempt_at)
-SELECT d.*, now()
-FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[]) AS d
-ON CONFLICT (endpoint_id, event_id) DO NOTHING"""
-FANOUT_MOVE: Final = "UPDATE webhook_fanout SET tx = $1::text::xid8, event_id = $2"
-FANOUT_POSITION: Final = "SELECT tx::text AS tx, event_id FROM webhook_fanout"
+SELECT (SELECT got FROM lock) AS got, (SELECT count(*) FROM b)::int AS passed,
+       (SELECT count(*) FROM made)::int AS made,
+       (SELECT count(*) FROM moved)::int AS moved"""
+"""One fan-out pass in one statement (autocommit: the lock ``$1`` is never held across round
+trips, so a process that stalls cannot keep it): the next events of the log after the
+position, at most ``$2`` and below the log's horizon (``audit.service.LOG_HORIZON``: none can
+commit later below it), each delivered to the project's active endpoints subscribed to its
+action and created at or before it, and the position moved past them (never backwards: a pass
+that raced another one does no harm, the unique (endpoint, event) makes no delivery twice).
+A delivery's id is ``dlv_`` + the event's ULID time + 16 hex digits of the MD5 of the endpoint
+and event ids: sorted by the event's time, and the same whichever pass makes it. Answers
+whether the lock was taken, how many events were passed, deliveries made, and whether the
+position moved."""
 NOTIFY: Final = f"SELECT pg_notify('{NOTIFY_CHANNEL}', '')"
 
 

@@ -2,12 +2,13 @@
 
 **Fan-out** (:func:`fan_out_pass`, every :data:`FANOUT_POLL_SECONDS` and at once after a full
 batch). The log is read in ``(tx, id)`` order (``audit_events.tx``: the writing transaction's
-id) after the fan-out's position, and only below the oldest transaction still running, so an
-event whose transaction commits late is never passed: it is read once it commits. Each event
-gets one delivery per active endpoint of its project subscribed to its action and created at or
-before it; the deliveries and the new position commit together, under an advisory lock (one
-fan-out at a time across processes), so no event is fanned out twice or skipped, whatever
-crashes.
+id) after the fan-out's position, and only below the log's horizon (the oldest transaction of
+this database still running), so an event whose transaction commits late is never passed: it
+is read once it commits. Each event gets one delivery per active endpoint of its project
+subscribed to its action and created at or before it; the deliveries and the new position
+commit together, in one statement under an advisory lock (one fan-out at a time across
+processes, never held across round trips), so no event is fanned out twice or skipped,
+whatever crashes or stalls.
 
 **Delivery** (:class:`Deliverer`). Due deliveries are claimed (``FOR UPDATE SKIP LOCKED``, a
 lease, the attempt counted) and POSTed, up to :data:`MAX_IN_FLIGHT` at once, by
@@ -35,7 +36,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
 import asyncpg
@@ -45,7 +46,6 @@ from opentelemetry import propagate, trace
 
 from common.appkeys import PG_POOL, SETTINGS
 from common.db import listen_forever, reconnect_delay
-from common.ids import new_id
 from common.runtime import background
 from common.settings import Settings
 from control_plane.appkeys import KMS
@@ -59,9 +59,6 @@ tracer = trace.get_tracer("authio.webhooks")
 
 FANOUT_POLL_SECONDS: Final = 0.25
 FANOUT_BATCH: Final = 1000
-FANOUT_STALL_MS: Final = 5000
-"""A fan-out transaction left idle this long (its process stalled: a blocked event loop, a
-stopped process) is ended by PostgreSQL, which frees the fan-out for the other processes."""
 DELIVERY_POLL_SECONDS: Final = 1.0
 CLAIM_BATCH: Final = 50
 MAX_IN_FLIGHT: Final = 64
@@ -77,31 +74,15 @@ _JITTER_RNG: Final = random.Random()
 
 
 async def fan_out_pass(pool: asyncpg.Pool, *, batch: int = FANOUT_BATCH) -> int:
-    """Fan out the next events of the log (at most ``batch``) into deliveries; how many events
-    were passed (0: nothing new, or another process is fanning out)."""
-    async with pool.acquire() as conn, conn.transaction():
-        if not await conn.fetchval(repository.FANOUT_BEGIN, repository.FANOUT_LOCK,
-                                   str(FANOUT_STALL_MS)):
-            return 0
-        position = await conn.fetchrow(repository.FANOUT_POSITION)
-        assert position is not None
-        rows = await conn.fetch(repository.FANOUT_BATCH, position["tx"], position["event_id"],
-                                batch)
-        if not rows:
-            return 0
-        columns: list[list[Any]] = [[], [], [], [], [], []]
-        for row in rows:
-            for endpoint_id in row["endpoints"]:
-                for column, value in zip(columns, (
-                        new_id("dlv"), endpoint_id, row["project_id"], row["id"],
-                        row["action"], row["created_at"]), strict=True):
-                    column.append(value)
-        if columns[0]:
-            await conn.execute(repository.FANOUT_INSERT, *columns)
+    """Fan out the next events of the log (at most ``batch``) into deliveries
+    (``repository.FANOUT``); how many events were passed (0: nothing new, or another process is
+    fanning out)."""
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(repository.FANOUT, repository.FANOUT_LOCK, batch)
+        assert row is not None
+        if row["made"]:
             await conn.execute(repository.NOTIFY)
-        last = rows[-1]
-        await conn.execute(repository.FANOUT_MOVE, last["tx"], last["id"])
-    return len(rows)
+    return int(row["passed"]) if row["got"] else 0
 
 
 async def fan_out_forever(pool: asyncpg.Pool) -> None:

@@ -16,7 +16,6 @@ from aiohttp import ClientSession, web
 
 from common.ids import new_id
 from control_plane.web import outbound
-from control_plane.webhooks.repository import FANOUT_BEGIN, FANOUT_LOCK
 from control_plane.webhooks.tasks import JITTER, retry_delay
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import email
@@ -77,36 +76,6 @@ async def test_a_transaction_open_in_another_database_holds_nothing_back(
             assert got.json["type"] == "user.created"
         finally:
             await elsewhere.close()
-
-
-async def test_a_stalled_fan_out_frees_the_lock(hooks_project: Project,
-                                               webhooks_database_url: str) -> None:
-    """A process that stalls inside its fan-out transaction (a blocked event loop, a stopped
-    process) holds the fan-out's lock; PostgreSQL ends that transaction after the stall limit,
-    and the other processes fan out again. Here the stalled process is a connection of the
-    test's that took the lock as the fan-out does, with a 1 s limit."""
-    async with receiver() as hooks:
-        await subscribe(hooks_project.api, hooks, ["user.created"])
-        stalled = await asyncpg.connect(webhooks_database_url)
-        try:
-            await stalled.execute("BEGIN")
-            assert await stalled.fetchval(FANOUT_BEGIN, FANOUT_LOCK, "1000")
-            await hooks_project.api.post("/v1/users", {"email": email()})
-            await asyncio.sleep(0.6)
-            assert hooks.received == []  # the lock is taken
-            [got] = await hooks.wait_for(1, within=10)
-            assert got.json["type"] == "user.created"
-            assert stalled.is_closed() or not await _alive(stalled)
-        finally:
-            stalled.terminate()
-
-
-async def _alive(conn: asyncpg.Connection) -> bool:
-    try:
-        await conn.fetchval("SELECT 1")
-    except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
-        return False
-    return True
 
 
 def test_retry_delays_follow_the_schedule_with_jitter() -> None:
@@ -183,24 +152,32 @@ def _env(database_url: str, redis_url: str, redis_prefix: str) -> dict[str, str]
                SERVICE_BOOTSTRAP_TOKEN=BOOTSTRAP_TOKEN, SERVICE_KMS_KEY=os.environ["SERVICE_KMS_KEY"],
                SERVICE_PG_POOL_MAX="4", OTEL_EXPORTER="none", SERVICE_LOG_LEVEL="WARNING",
                SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS="true", SERVICE_WEBHOOK_RETRY_SCHEDULE="1,1,1",
-               SERVICE_WEBHOOK_TIMEOUT_SECONDS="1")
+               SERVICE_WEBHOOK_TIMEOUT_SECONDS="1", SERVICE_STREAM_BATCH_SIZE="3")
     return env
 
 
 async def test_a_killed_process_loses_nothing(http: ClientSession, crash_database_url: str,
                                               redis_url: str, redis_prefix: str) -> None:
-    """``kill -9`` while a delivery is in flight and others wait for their retry; a new process
-    delivers every event, the one in flight again once its lease ran out (at least once, the
-    same ``webhook-id``), and the events written to the new process too."""
+    """``kill -9`` while a webhook delivery is in flight and others wait for their retry, and
+    while an audit stream's batch is in flight; a new process delivers every event, the ones in
+    flight again once their lease ran out (at least once: the same ``webhook-id``), the stream
+    in the log's order with no gap, and the events written to the new process too."""
     env = _env(crash_database_url, redis_url, redis_prefix)
-    # The first request is held until the process is killed: that attempt is never recorded.
-    async with receiver(answers=[500, 500, 200], hold_first=5) as hooks:
+    # The first request of each is held until the process is killed: never recorded.
+    async with receiver(answers=[500, 500, 200], hold_first=5) as hooks, \
+            receiver(hold_first=5) as streamed:
         async with serve_process(http, env, "control-plane") as a:
             project = await bootstrap_project(a.api, "crash")
             await subscribe(project.api, hooks, ["user.created"])
+            r = await project.api.post("/v1/audit/streams", {
+                "destination": {"type": "webhook", "url": streamed.url},
+                "actions": ["user.created"]})
+            assert r.status == 201, r.body
+            streamed.secrets.append(r.body["secret"])
             for _ in range(5):
                 assert (await project.api.post("/v1/users", {"email": email()})).status == 201
             await asyncio.wait_for(hooks.first.wait(), 20)
+            await asyncio.wait_for(streamed.first.wait(), 20)
             a.proc.kill()
             await a.proc.wait()
         async with serve_process(http, env, "control-plane") as b:
@@ -208,9 +185,10 @@ async def test_a_killed_process_loses_nothing(http: ClientSession, crash_databas
             for _ in range(5):
                 assert (await api.post("/v1/users", {"email": email()})).status == 201
             async with database_pool(crash_database_url) as pool:
-                wanted = {r["id"] for r in await pool.fetch(
-                    "SELECT id FROM audit_events WHERE project_id = $1 AND action = 'user.created'",
-                    project.id)}
+                in_order = [r["id"] for r in await pool.fetch(
+                    "SELECT id FROM audit_events WHERE project_id = $1 AND action = 'user.created' "
+                    "ORDER BY tx, id", project.id)]
+                wanted = set(in_order)
                 assert len(wanted) == 10
 
                 async def all_delivered() -> bool:
@@ -218,6 +196,12 @@ async def test_a_killed_process_loses_nothing(http: ClientSession, crash_databas
                             if g.verified[hooks.secrets[0]]}
                     return done >= wanted
                 await eventually(all_delivered, within=60, what="every event delivered")
+
+                async def all_streamed() -> bool:
+                    seen = [e["id"] for g in streamed.received if g.verified[streamed.secrets[0]]
+                            for e in g.json["events"]]
+                    return list(dict.fromkeys(seen)) == in_order
+                await eventually(all_streamed, within=60, what="the stream, in order, no gap")
                 endpoint_id = await pool.fetchval(
                     "SELECT id FROM webhook_endpoints WHERE project_id = $1", project.id)
             found = await deliveries(api, endpoint_id,
