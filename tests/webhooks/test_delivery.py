@@ -13,7 +13,7 @@ import asyncpg
 
 from tests.fixtures.database import events
 from tests.fixtures.identity import email
-from tests.fixtures.service import Project, assert_error, ts
+from tests.fixtures.service import Project, assert_error, eventually, ts
 from tests.webhooks.helpers import deliveries, receiver, subscribe
 
 TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-0[01]$")
@@ -178,3 +178,33 @@ async def test_a_deleted_endpoint_receives_nothing_more(hooks_project: Project,
         assert len(hooks.received) <= count + 1  # at most the attempt already under way
         assert await db.fetchval("SELECT count(*) FROM webhook_deliveries WHERE endpoint_id = $1",
                                  endpoint["id"]) == 0
+
+
+async def test_five_days_of_nothing_but_failures_disable_the_endpoint(
+        hooks_project: Project, db: asyncpg.Pool) -> None:
+    """An endpoint failing since more than five days ago (its first failure moved back in the
+    database: nobody waits five days) is disabled by its next failure, with the reason
+    ``failing``; one success in between would have cleared it."""
+    api = hooks_project.api
+    async with receiver(answers=[500], retry_after="2") as hooks:  # retries 2 s apart
+        endpoint = await subscribe(api, hooks, ["user.created"])
+        await _user(hooks_project)
+        await hooks.wait_for(1)
+        await asyncio.sleep(0.3)  # the first failure recorded
+        failing_since = await db.fetchval(
+            "SELECT failing_since FROM webhook_endpoints WHERE id = $1", endpoint["id"])
+        assert failing_since is not None
+        await db.execute("UPDATE webhook_endpoints SET failing_since = now() - interval '5 days 1 minute' "
+                         "WHERE id = $1", endpoint["id"])
+
+        async def disabled() -> bool:
+            r = await api.get(f"/v1/webhook-endpoints/{endpoint['id']}")
+            return (r.body["status"], r.body["disabled_reason"]) == ("disabled", "failing")
+        await eventually(disabled, what="the endpoint disabled as failing")
+    async with receiver() as fine:
+        endpoint = await subscribe(api, fine, ["user.created"])
+        await _user(hooks_project)
+        await fine.wait_for(1)
+        await asyncio.sleep(0.2)
+        assert await db.fetchval("SELECT failing_since FROM webhook_endpoints WHERE id = $1",
+                                 endpoint["id"]) is None

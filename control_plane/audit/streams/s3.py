@@ -67,7 +67,9 @@ async def _client(ctx: Context, stream_id: str, config: Mapping[str, Any]) -> An
         endpoint_url=config.get("endpoint_url"), aws_access_key_id=config["access_key_id"],
         aws_secret_access_key=config["secret_access_key"],
         config=Config(connect_timeout=ctx.timeout_seconds, read_timeout=ctx.timeout_seconds,
-                      retries={"max_attempts": 1}, s3={"addressing_style": "path"})))
+                      # One attempt: the stream retries a refused batch itself (backoff, status).
+                      retries={"total_max_attempts": 1, "mode": "standard"},
+                      s3={"addressing_style": "path"})))
     _CLIENTS[stream_id] = (key, client, stack)
     return client
 
