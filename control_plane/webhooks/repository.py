@@ -210,3 +210,14 @@ async def requeue_failed(conn: asyncpg.Connection, endpoint_id: str, since: date
         endpoint_id, since)
     await conn.execute(NOTIFY)
     return int(status.split()[-1])
+
+
+KEEP_DAYS: Final = 30
+"""How long a delivery that succeeded or failed stays listed (and recoverable)."""
+PURGE: Final = f"""
+DELETE FROM webhook_deliveries WHERE id IN (
+    SELECT id FROM webhook_deliveries
+    WHERE status IN ('succeeded', 'failed') AND created_at < now() - interval '{KEEP_DAYS} days'
+    LIMIT $1)"""
+"""At most ``$1`` deliveries done for longer than :data:`KEEP_DAYS` (``delete_in_batches``)."""
+

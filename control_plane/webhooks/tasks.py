@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import secrets
@@ -45,8 +46,8 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.db import listen_forever, reconnect_delay
-from common.runtime import background
+from common.db import delete_in_batches, listen_forever, reconnect_delay
+from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS
 from control_plane.kms import LocalKms
@@ -293,14 +294,22 @@ class Deliverer:
                 delay = min(delay * 2, 5.0)
 
 
+async def purge(pool: asyncpg.Pool) -> dict[str, int]:
+    """Delete deliveries done (succeeded or failed) more than ``repository.KEEP_DAYS`` ago."""
+    return {"webhook_deliveries": await delete_in_batches(pool, repository.PURGE)}
+
+
 @contextlib.asynccontextmanager
 async def workers(app: web.Application) -> AsyncIterator[None]:
-    """The fan-out and the delivery worker (one each per control-plane process), while the app
-    runs."""
+    """The fan-out and the delivery worker (one each per control-plane process), and the purge
+    of old deliveries, while the app runs."""
     settings, pool = app[SETTINGS], app[PG_POOL]
     async with outbound.client(timeout_seconds=settings.webhook_timeout_seconds,
                                allow_private=settings.webhook_allow_private_urls) as session:
         deliverer = Deliverer(pool, app[KMS], settings, session)
-        async with background(webhook_fanout=fan_out_forever(pool),
-                              webhook_deliveries=deliverer.run()):
+        async with background(
+                webhook_fanout=fan_out_forever(pool), webhook_deliveries=deliverer.run(),
+                webhook_purge=every(settings.housekeeping_interval_seconds,
+                                    functools.partial(purge, pool), what="webhook delivery purge",
+                                    logger=log)):
             yield

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from control_plane.webhooks.tasks import purge
 from tests.fixtures.database import events
 from tests.fixtures.identity import email
 from tests.fixtures.service import Project, assert_error, eventually, ts
@@ -208,3 +209,22 @@ async def test_five_days_of_nothing_but_failures_disable_the_endpoint(
         await asyncio.sleep(0.2)
         assert await db.fetchval("SELECT failing_since FROM webhook_endpoints WHERE id = $1",
                                  endpoint["id"]) is None
+
+
+async def test_deliveries_done_a_month_ago_are_purged(hooks_project: Project,
+                                                      db: asyncpg.Pool) -> None:
+    """The purge the workers run every housekeeping interval, run here at once."""
+    api = hooks_project.api
+    async with receiver() as hooks:
+        endpoint = await subscribe(api, hooks, ["user.created"])
+        await _user(hooks_project)
+        await _user(hooks_project)
+        done = await deliveries(api, endpoint["id"], until=lambda d: len(d) == 2 and all(
+            x["status"] == "succeeded" for x in d))
+    old, recent = done[1]["id"], done[0]["id"]
+    await db.execute("UPDATE webhook_deliveries SET created_at = now() - interval '31 days' "
+                     "WHERE id = $1", old)
+    assert (await purge(db))["webhook_deliveries"] >= 1
+    left = [d["id"] for d in (await api.get(
+        f"/v1/webhook-endpoints/{endpoint['id']}/deliveries")).body["data"]]
+    assert left == [recent]
