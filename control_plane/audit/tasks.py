@@ -222,6 +222,9 @@ class Streamer:
             for task in self._in_flight:
                 task.cancel()
             await asyncio.gather(*self._in_flight, return_exceptions=True)
+            for destination in DESTINATIONS.values():
+                if destination.close is not None:
+                    await destination.close()
 
     async def _stream(self, claim: asyncpg.Record) -> None:
         stream_id, size = claim["id"], self._settings.stream_batch_size

@@ -70,3 +70,5 @@ class Destination:
     signed: bool
     send: Send
     check: Check | None = None
+    close: Callable[[], Awaitable[None]] | None = None
+    """Close the connections the module keeps (the streams' worker stopping)."""

@@ -90,6 +90,12 @@ async def _drop(stream_id: str) -> None:
             pass
 
 
+async def close() -> None:
+    """Close every kept connection."""
+    for stream_id in list(_CLIENTS):
+        await _drop(stream_id)
+
+
 async def send(ctx: Context, config: Mapping[str, Any], batch: Batch) -> None:
     try:
         client = await _client(ctx, batch.stream_id, config)
@@ -107,4 +113,4 @@ async def send(ctx: Context, config: Mapping[str, Any], batch: Batch) -> None:
 
 
 DESTINATION: Final = Destination(NatsConfig, secrets=("credentials",), urls=(), signed=False,
-                                 send=send, check=check)
+                                 send=send, check=check, close=close)

@@ -81,6 +81,12 @@ async def _drop(stream_id: str) -> None:
             await found[2].aclose()
 
 
+async def close() -> None:
+    """Close every kept connection."""
+    for stream_id in list(_CLIENTS):
+        await _drop(stream_id)
+
+
 async def send(ctx: Context, config: Mapping[str, Any], batch: Batch) -> None:
     body = b"".join(orjson.dumps(e) + b"\n" for e in batch.events)
     try:
@@ -100,4 +106,4 @@ async def send(ctx: Context, config: Mapping[str, Any], batch: Batch) -> None:
 
 
 DESTINATION: Final = Destination(S3Config, secrets=("access_key_id", "secret_access_key"),
-                                 urls=("endpoint_url",), signed=False, send=send)
+                                 urls=("endpoint_url",), signed=False, send=send, close=close)
