@@ -6,7 +6,8 @@ credential replaced by ``"***"``), an optional action filter, and its position i
 ``(tx, event_id)`` as the webhook fan-out reads it (migration 0010): the stream carries the
 events after it, in that order. ``batch`` holds the ids of the batch sent and not yet
 acknowledged: a retry sends exactly those events again, and the position moves past them only
-once the destination acknowledged them. ``status`` ``active``/``paused`` is the customer's;
+once the destination acknowledged them (``audit_events_project_tx`` serves that read).
+``status`` ``active``/``paused`` is the customer's;
 ``failing`` is set while the batch keeps failing (``last_error``, ``next_attempt_at``).
 
 Revision ID: 0011
@@ -48,9 +49,12 @@ CREATE TABLE audit_streams (
     updated_at          timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX audit_streams_project ON audit_streams (project_id, id);
+-- A stream reads its project's events in (tx, id) order from its position: this index hands
+-- them over in that order, so a batch costs its own rows, not a sort of everything after it.
+CREATE INDEX audit_events_project_tx ON audit_events (project_id, tx, id);
 CREATE INDEX audit_streams_due ON audit_streams (next_attempt_at) WHERE status <> 'paused';
     """)
 
 
 def downgrade() -> None:
-    run_sql("DROP TABLE audit_streams;")
+    run_sql("DROP INDEX audit_events_project_tx; DROP TABLE audit_streams;")
