@@ -191,10 +191,11 @@ async def test_five_days_of_nothing_but_failures_disable_the_endpoint(
         endpoint = await subscribe(api, hooks, ["user.created"])
         await _user(hooks_project)
         await hooks.wait_for(1)
-        await asyncio.sleep(0.3)  # the first failure recorded
-        failing_since = await db.fetchval(
-            "SELECT failing_since FROM webhook_endpoints WHERE id = $1", endpoint["id"])
-        assert failing_since is not None
+
+        async def failing() -> bool:  # the first failure recorded
+            return await db.fetchval("SELECT failing_since IS NOT NULL FROM webhook_endpoints "
+                                     "WHERE id = $1", endpoint["id"])
+        await eventually(failing, what="the first failure recorded")
         await db.execute("UPDATE webhook_endpoints SET failing_since = now() - interval '5 days 1 minute' "
                          "WHERE id = $1", endpoint["id"])
 
@@ -206,7 +207,8 @@ async def test_five_days_of_nothing_but_failures_disable_the_endpoint(
         endpoint = await subscribe(api, fine, ["user.created"])
         await _user(hooks_project)
         await fine.wait_for(1)
-        await asyncio.sleep(0.2)
+        await deliveries(api, endpoint["id"],
+                         until=lambda d: bool(d) and d[0]["status"] == "succeeded")
         assert await db.fetchval("SELECT failing_since FROM webhook_endpoints WHERE id = $1",
                                  endpoint["id"]) is None
 

@@ -72,7 +72,7 @@ async def test_a_transaction_open_in_another_database_holds_nothing_back(
             await elsewhere.execute("BEGIN")
             assert await elsewhere.fetchval("SELECT pg_current_xact_id()")  # an id, running
             await hooks_project.api.post("/v1/users", {"email": email()})
-            [got] = await hooks.wait_for(1, within=5)
+            [got] = await hooks.wait_for(1, within=15)
             assert got.json["type"] == "user.created"
         finally:
             await elsewhere.close()

@@ -55,7 +55,11 @@ async def test_a_webhook_stream_carries_the_log_in_order_signed(hooks_project: P
         assert stream["destination"] == {"type": "webhook", "url": hooks.url}
         assert (stream["status"], stream["actions"], stream["lag"]) == ("active", ["user.created"], 0)
         hooks.secrets.append(stream["secret"])
+        path = f"/v1/audit/streams/{stream['id']}"
+        # Written while paused, so that they are all there when it resumes: full batches.
+        await hooks_project.api.request("PATCH", path, json={"status": "paused"})
         await _users(hooks_project, 7)
+        await hooks_project.api.request("PATCH", path, json={"status": "active"})
         wanted = await _created_events(db, hooks_project)
 
         async def all_in() -> bool:
@@ -82,7 +86,10 @@ async def test_a_failing_batch_is_retried_alone_and_unchanged(hooks_project: Pro
     async with receiver(answers=[503, 500, 200], retry_after="1") as hooks:
         stream = await _stream(hooks_project, {"type": "webhook", "url": hooks.url},
                                actions=["user.created"])
-        await _users(hooks_project, 2)
+        path = f"/v1/audit/streams/{stream['id']}"
+        await hooks_project.api.request("PATCH", path, json={"status": "paused"})
+        await _users(hooks_project, 2)  # both in the first batch
+        await hooks_project.api.request("PATCH", path, json={"status": "active"})
         await hooks.wait_for(1)
         shown = await hooks_project.api.get(f"/v1/audit/streams/{stream['id']}")
         assert shown.body["status"] == "failing" and "503" in shown.body["last_error"]
