@@ -63,7 +63,12 @@ async def rotate_secret(conn: asyncpg.Connection, endpoint_id: str, secret_seale
 
 
 async def delete_endpoint(conn: asyncpg.Connection, project_id: str, endpoint_id: str) -> bool:
-    """Delete the endpoint and its deliveries; whether it existed."""
+    """Delete the endpoint's deliveries, then the endpoint (the order in which the delivery
+    worker locks them: a delivery, then its endpoint); whether it existed."""
+    await conn.execute(
+        """DELETE FROM webhook_deliveries WHERE endpoint_id = $1
+           AND EXISTS (SELECT 1 FROM webhook_endpoints WHERE id = $1 AND project_id = $2)""",
+        endpoint_id, project_id)
     found = await conn.fetchval(
         "DELETE FROM webhook_endpoints WHERE id = $1 AND project_id = $2 RETURNING 1",
         endpoint_id, project_id)
@@ -154,7 +159,7 @@ WITH d AS (
             WHEN NOT $5 AND coalesce(w.failing_since, now()) < now() - $7::interval
                  AND w.status = 'active' THEN 'failing'
             ELSE w.disabled_reason END
-    FROM d WHERE w.id = d.endpoint_id AND $8
+    FROM d WHERE w.id = d.endpoint_id AND $8 AND (NOT $5 OR w.failing_since IS NOT NULL)
     RETURNING w.status
 )
 SELECT (SELECT status FROM w) AS endpoint_status"""
@@ -162,7 +167,8 @@ SELECT (SELECT status FROM w) AS endpoint_status"""
 attempt ``$4`` (JSON), and on its endpoint whether it succeeded (``$5``: clears
 ``failing_since``), a reason to disable it at once (``$6``: ``gone``), and the failing period
 after which failures alone disable it (``$7``); ``$8`` false: no request went out (the
-endpoint's health is left alone)."""
+endpoint's health is left alone). A success touches the endpoint only when it was failing:
+the common case locks and writes one row, not two."""
 
 
 # --- reading and requeueing deliveries --------------------------------------------------------

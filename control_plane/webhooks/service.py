@@ -167,7 +167,8 @@ async def remove_endpoint(conn: asyncpg.Connection, actor: Actor, *,
     sent to it, a delivery under way included. Raises NotFound."""
     assert actor.project_id is not None
     async with conn.transaction():
-        row = await find_endpoint(conn, actor.project_id, endpoint_id, lock=True)
+        # Deliveries first, then the endpoint: the delivery worker's order, so no deadlock.
+        row = await find_endpoint(conn, actor.project_id, endpoint_id)
         await repository.delete_endpoint(conn, actor.project_id, endpoint_id)
         await audit.record(
             conn, actor, action="webhook.endpoint.revoked", target_type="webhook_endpoint",
@@ -199,7 +200,9 @@ async def replay(conn: asyncpg.Connection, actor: Actor, *, delivery_id: str) ->
             row = await repository.find_delivery(conn, actor.project_id, delivery_id)
         if row is None:
             raise NotFound("No webhook delivery with that id in this project.")
-        endpoint = await find_endpoint(conn, actor.project_id, row["endpoint_id"], lock=True)
+        # Read, not locked: the delivery worker locks a delivery, then its endpoint; taking
+        # them the other way round here could deadlock with it.
+        endpoint = await find_endpoint(conn, actor.project_id, row["endpoint_id"])
         if endpoint["status"] != "active":
             raise InvalidRequest("The endpoint is disabled; enable it (PATCH status active) "
                                  "before replaying its deliveries.",
@@ -219,7 +222,7 @@ async def recover(conn: asyncpg.Connection, actor: Actor, *, endpoint_id: str,
     a fresh retry schedule. Raises NotFound, InvalidRequest when the endpoint is disabled."""
     assert actor.project_id is not None
     async with conn.transaction():
-        endpoint = await find_endpoint(conn, actor.project_id, endpoint_id, lock=True)
+        endpoint = await find_endpoint(conn, actor.project_id, endpoint_id)  # as in replay
         if endpoint["status"] != "active":
             raise InvalidRequest("The endpoint is disabled; enable it (PATCH status active) "
                                  "before recovering its deliveries.",
