@@ -222,8 +222,17 @@ class ApiKeyAuthenticator:
             async with asyncio.timeout(self._lookup_wait):
                 return await asyncio.shield(lookup)
         except Exception as exc:
-            error = exc if lookup.done() else DatabaseUnresponsive(
-                f"the API-key lookup got no answer within {self._lookup_wait} s")
+            error: Exception = exc
+            if isinstance(exc, TimeoutError):
+                if lookup.done() and not lookup.cancelled():
+                    # It finished as the wait ran out: its own outcome, not the timeout's.
+                    found = lookup.exception()
+                    if found is None:
+                        return lookup.result()
+                    error = found if isinstance(found, Exception) else exc
+                else:
+                    error = DatabaseUnresponsive(
+                        f"the API-key lookup got no answer within {self._lookup_wait} s")
         stale = self._stand_in(digest, error, started)
         if stale is None:
             raise error

@@ -357,7 +357,12 @@ RETURNING status"""
 """The destination took the batch: the position moves past it (the claim goes on unless the
 stream was paused or deleted meanwhile: ``paused`` or no row)."""
 STREAM_IDLE: Final = """
-UPDATE audit_streams SET next_attempt_at = now() + $2, locked_until = NULL WHERE id = $1"""
+UPDATE audit_streams SET locked_until = NULL,
+       next_attempt_at = now() + CASE WHEN last_delivered_at > now() - interval '30 seconds'
+                                      THEN $2 ELSE $3 END
+WHERE id = $1"""
+"""Nothing new for the stream: look again after ``$2`` while it delivered in the last 30 s,
+else after ``$3`` (a quiet stream costs fewer polls)."""
 STREAM_FAILED: Final = """
 UPDATE audit_streams SET failures = failures + 1, last_error = $2, next_attempt_at = now() + $3,
        status = CASE WHEN status = 'active' THEN 'failing' ELSE status END, locked_until = NULL

@@ -19,7 +19,8 @@ it and the next batch goes at once (up to :data:`BATCHES_PER_CLAIM` per claim); 
 the batch and retries it after a backoff (1 s doubling to :data:`STREAM_BACKOFF_CAP_SECONDS`,
 or the destination's longer ``Retry-After``), with ``status`` ``failing`` and ``last_error``.
 Nothing after a failing batch is sent before it. A stream with nothing new is looked at again
-after :data:`STREAM_IDLE_SECONDS`. Delivery is at least once (a batch acknowledged but not yet
+after :data:`STREAM_IDLE_SECONDS`, or :data:`STREAM_QUIET_SECONDS` once it delivered nothing
+for 30 s. Delivery is at least once (a batch acknowledged but not yet
 recorded when the process died is sent again) with stable ``evt_`` ids.
 """
 
@@ -173,6 +174,8 @@ async def partition_pass(pool: asyncpg.Pool, settings: Settings) -> PartitionRep
 # --- audit streams -------------------------------------------------------------------------------
 
 STREAM_IDLE_SECONDS: Final = 0.25
+STREAM_QUIET_SECONDS: Final = 0.75
+"""How often a stream that delivered nothing for 30 s looks for new events."""
 STREAM_BACKOFF_CAP_SECONDS: Final = 300.0
 STREAM_CLAIM: Final = 16
 BATCHES_PER_CLAIM: Final = 50
@@ -259,7 +262,8 @@ class Streamer:
                     break
                 position, held = (held.last_tx, held.ids[-1]), None
             await self._pool.execute(repository.STREAM_IDLE, stream_id,
-                                     timedelta(seconds=STREAM_IDLE_SECONDS))
+                                     timedelta(seconds=STREAM_IDLE_SECONDS),
+                                     timedelta(seconds=STREAM_QUIET_SECONDS))
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -107,6 +107,9 @@ async def send(ctx: Context, config: Mapping[str, Any], batch: Batch) -> None:
             await asyncio.gather(*acks)
     except Refused:
         raise
+    except ImportError as exc:  # nats-py signs with credentials through the optional nkeys
+        await _drop(batch.stream_id)
+        raise Refused(f"NATS credentials need the nkeys package, not installed ({exc})") from None
     except (NatsError, OSError, TimeoutError) as exc:
         await _drop(batch.stream_id)
         raise Refused(f"NATS: {type(exc).__name__}: {exc}"[:300]) from None
