@@ -306,6 +306,13 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
      lambda case, r: bool(refused_fields(r)) and all(
          f.startswith("domains") for f, _ in refused_fields(r))
      and any(not str(d).isascii() for d in case.body.get("domains") or [])),
+    ("a project's domains (IDNA, above) and its relying party's origins (on its rp_id, below), "
+     "refused in the same answer",
+     lambda case, r: bool(refused_fields(r)) and all(
+         (f.startswith("domains") and any(not str(d).isascii()
+                                          for d in case.body.get("domains") or []))
+         or (f == "webauthn.origins" and "or a subdomain of it" in m)
+         for f, m in refused_fields(r))),
     ("an audit listing's `to` may not be earlier than its `from`: two parameters, compared",
      lambda case, r: refused_fields(r) == [("to", "must not be earlier than from")]),
     ("a write's 1,000 tuples are counted across writes and deletes, and a tuple may not be in "
