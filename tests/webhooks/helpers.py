@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from tests.fixtures.service import Api, eventually
+from tests.fixtures.service import BOOTSTRAP_TOKEN, Api, eventually
 
 SETTINGS: dict[str, Any] = {
     "webhook_allow_private_urls": True, "webhook_retry_schedule": "0.3,0.3,0.3",
@@ -23,6 +26,20 @@ SETTINGS: dict[str, Any] = {
 }
 """The outbound tests' service: receivers on loopback over http, a short retry schedule, audit
 stream batches of 3 events."""
+
+
+def subprocess_env(database_url: str, redis_url: str, redis_prefix: str) -> dict[str, str]:
+    """The environment of an ``authio serve`` subprocess on ``database_url``: no inherited
+    ``OTEL_*`` or ``SERVICE_*`` variable, receivers allowed on loopback over http, a retry
+    schedule of 1 s steps, 1 s timeouts and stream batches of 3."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OTEL_", "SERVICE_")) and k not in ("PORT", "DATABASE_URL", "REDIS_URL")}
+    env.update(DATABASE_URL=database_url, REDIS_URL=redis_url, SERVICE_REDIS_PREFIX=redis_prefix,
+               SERVICE_BOOTSTRAP_TOKEN=BOOTSTRAP_TOKEN, SERVICE_KMS_KEY=os.environ["SERVICE_KMS_KEY"],
+               SERVICE_PG_POOL_MAX="4", OTEL_EXPORTER="none", SERVICE_LOG_LEVEL="WARNING",
+               SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS="true", SERVICE_WEBHOOK_RETRY_SCHEDULE="1,1,1",
+               SERVICE_WEBHOOK_TIMEOUT_SECONDS="1", SERVICE_STREAM_BATCH_SIZE="3")
+    return env
 
 
 @dataclass
@@ -82,17 +99,23 @@ class Receiver:
 
 
 @contextlib.asynccontextmanager
-async def receiver(**script: Any) -> AsyncIterator[Receiver]:
-    """A :class:`Receiver` served on a loopback port (``url``) until the block ends."""
+async def receiver(*, tls: tuple[Path, Path] | None = None, **script: Any) -> AsyncIterator[Receiver]:
+    """A :class:`Receiver` served on a loopback port (``url``) until the block ends: over http
+    at ``http://127.0.0.1:<port>/hooks``, or with ``tls`` (a certificate for ``localhost`` and
+    its key, PEM files) over https at ``https://localhost:<port>/hooks``."""
     r = Receiver(**script)
     app = web.Application()
     app.router.add_post("/{tail:.*}", r.handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    context = None
+    if tls is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*tls)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=context)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    r.url = f"http://127.0.0.1:{port}/hooks"
+    r.url = f"https://localhost:{port}/hooks" if tls else f"http://127.0.0.1:{port}/hooks"
     try:
         yield r
     finally:

@@ -26,7 +26,7 @@ from tests.fixtures.service import (
     eventually,
     serve_process,
 )
-from tests.webhooks.helpers import deliveries, receiver, subscribe
+from tests.webhooks.helpers import deliveries, receiver, subprocess_env, subscribe
 
 
 async def test_a_late_committing_event_is_never_passed(hooks_project: Project,
@@ -145,24 +145,13 @@ def crash_database_url(database_url: str) -> Iterator[str]:
         yield url
 
 
-def _env(database_url: str, redis_url: str, redis_prefix: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("OTEL_", "SERVICE_")) and k not in ("PORT", "DATABASE_URL", "REDIS_URL")}
-    env.update(DATABASE_URL=database_url, REDIS_URL=redis_url, SERVICE_REDIS_PREFIX=redis_prefix,
-               SERVICE_BOOTSTRAP_TOKEN=BOOTSTRAP_TOKEN, SERVICE_KMS_KEY=os.environ["SERVICE_KMS_KEY"],
-               SERVICE_PG_POOL_MAX="4", OTEL_EXPORTER="none", SERVICE_LOG_LEVEL="WARNING",
-               SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS="true", SERVICE_WEBHOOK_RETRY_SCHEDULE="1,1,1",
-               SERVICE_WEBHOOK_TIMEOUT_SECONDS="1", SERVICE_STREAM_BATCH_SIZE="3")
-    return env
-
-
 async def test_a_killed_process_loses_nothing(http: ClientSession, crash_database_url: str,
                                               redis_url: str, redis_prefix: str) -> None:
     """``kill -9`` while a webhook delivery is in flight and others wait for their retry, and
     while an audit stream's batch is in flight; a new process delivers every event, the ones in
     flight again once their lease ran out (at least once: the same ``webhook-id``), the stream
     in the log's order with no gap, and the events written to the new process too."""
-    env = _env(crash_database_url, redis_url, redis_prefix)
+    env = subprocess_env(crash_database_url, redis_url, redis_prefix)
     # The first request of each is held until the process is killed: never recorded.
     async with receiver(answers=[500, 500, 200], hold_first=5) as hooks, \
             receiver(hold_first=5) as streamed:
