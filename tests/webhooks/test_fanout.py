@@ -5,7 +5,6 @@ a delivery and of a retry schedule (another process finishes, nothing lost)."""
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from collections.abc import Iterator
 
@@ -20,7 +19,6 @@ from control_plane.webhooks.tasks import JITTER, retry_delay
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import email
 from tests.fixtures.service import (
-    BOOTSTRAP_TOKEN,
     Project,
     bootstrap_project,
     eventually,
