@@ -1,25 +1,29 @@
 """Audit streams into real brokers and storage, each a private instance of the test's own:
 NATS JetStream (``nats-server -js``; one message per event, ``Nats-Msg-Id`` the event id, so a
-batch sent again is stored once) stopped and started again under a stream, and S3 (moto in
-server mode; one create-only object per batch)."""
+batch sent again is stored once) stopped and started again under a stream, and in operator mode
+(a user's ``.creds`` signs in; a user of an account the operator never issued is refused), and
+S3 (moto in server mode; one create-only object per batch)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
 import nats
+import nkeys
 import orjson
 import pytest
 from aiobotocore.session import get_session
+from nats.aio.client import RawCredentials
 
 from control_plane.audit.streams import s3
 from control_plane.audit.streams.base import Batch, Context
 from control_plane.web import outbound
 from tests.fixtures.identity import email
 from tests.fixtures.service import Project, eventually
-from tests.webhooks.peers import moto_s3, nats_server
+from tests.webhooks.peers import NatsOperator, moto_s3, nats_server, nkey
 
 
 async def _users(project: Project, n: int) -> None:
@@ -91,6 +95,64 @@ async def test_nats_jetstream_through_a_broker_restart(hooks_project: Project, d
         await eventually(all_in, within=40, what="every event once, in order, after the restart")
         shown = await hooks_project.api.get(f"/v1/audit/streams/{stream_id}")
         assert (shown.body["status"], shown.body["lag"]) == ("active", 0)
+
+
+async def test_nats_credentials_in_operator_mode(hooks_project: Project, db: asyncpg.Pool,
+                                                 tmp_path: Path) -> None:
+    """A stream with a user's ``.creds`` publishes to a server that takes only its operator's
+    users; one whose user an unknown account issued is refused by the server and publishes
+    nothing."""
+    operator = NatsOperator()
+    creds = operator.creds()
+    with nats_server(tmp_path / "nats", operator) as server:
+        nc = await nats.connect(servers=[server.url], user_credentials=RawCredentials(creds))
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="AUDIT", subjects=["audit.>"])
+            stranger = operator.creds(issuer=nkey(nkeys.PREFIX_BYTE_ACCOUNT))
+            r = await hooks_project.api.post("/v1/audit/streams", {
+                "destination": {"type": "nats", "servers": [server.url],
+                                "subject": "audit.refused", "credentials": stranger},
+                "actions": ["user.created"]})
+            assert r.status == 201, r.body
+            refused_id = r.body["id"]
+            r = await hooks_project.api.post("/v1/audit/streams", {
+                "destination": {"type": "nats", "servers": [server.url],
+                                "subject": "audit.events", "credentials": creds},
+                "actions": ["user.created"]})
+            assert r.status == 201, r.body
+            assert r.body["destination"]["credentials"] == "***"
+            stream_id = r.body["id"]
+            await _users(hooks_project, 4)
+            wanted = await _wanted(db, hooks_project)
+
+            consumer = await js.pull_subscribe("audit.>", stream="AUDIT")  # as the same user
+            got: list[tuple[str, str]] = []
+
+            async def all_in() -> bool:
+                with contextlib.suppress(nats.errors.TimeoutError):
+                    for msg in await consumer.fetch(10, timeout=0.5):
+                        assert msg.headers is not None
+                        assert msg.headers["Nats-Msg-Id"] == orjson.loads(msg.data)["id"]
+                        got.append((msg.subject, msg.headers["Nats-Msg-Id"]))
+                        await msg.ack()
+                return len(got) >= len(wanted)
+            await eventually(all_in, what="4 messages through a JetStream consumer")
+            assert got == [("audit.events", event_id) for event_id in wanted]
+
+            async def refused() -> dict[str, object] | None:
+                shown = await hooks_project.api.get(f"/v1/audit/streams/{refused_id}")
+                return shown.body if shown.body["status"] == "failing" else None
+            shown = await eventually(refused, what="the stranger's stream failing")
+            assert "Authorization Violation" in str(shown["last_error"]), shown
+            assert (await js.stream_info("AUDIT")).state.messages == len(wanted)
+
+            async def caught_up() -> bool:
+                shown = (await hooks_project.api.get(f"/v1/audit/streams/{stream_id}")).body
+                return (shown["status"], shown["lag"]) == ("active", 0)
+            await eventually(caught_up, what="the stream acknowledged, lag 0")
+        finally:
+            await nc.close()
 
 
 @pytest.fixture
