@@ -359,7 +359,7 @@ stream was paused or deleted meanwhile: ``paused`` or no row)."""
 STREAM_IDLE: Final = """
 UPDATE audit_streams SET locked_until = NULL,
        next_attempt_at = now() + CASE WHEN last_delivered_at > now() - interval '30 seconds'
-                                      THEN $2 ELSE $3 END
+                                      THEN $2::interval ELSE $3::interval END
 WHERE id = $1"""
 """Nothing new for the stream: look again after ``$2`` while it delivered in the last 30 s,
 else after ``$3`` (a quiet stream costs fewer polls)."""

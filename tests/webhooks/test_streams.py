@@ -7,10 +7,12 @@ credentials never shown."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import asyncpg
 import orjson
+import pytest
 
 from tests.fixtures.database import events
 from tests.fixtures.identity import email
@@ -79,6 +81,24 @@ async def test_a_webhook_stream_carries_the_log_in_order_signed(hooks_project: P
         assert shown.body["last_error"] is None
         [created] = await events(db, hooks_project.id, "audit.stream.created")
         assert stream["secret"] not in orjson.dumps(created).decode()
+
+
+async def test_a_stream_that_caught_up_takes_the_next_event_at_once(
+        hooks_project: Project, caplog: pytest.LogCaptureFixture) -> None:
+    """A stream with nothing new looks again after 0.25 s (0.75 s once quiet for 30 s), not
+    after its lease (16 s here): the next event arrives within seconds, and the idle passes
+    between log no error (they failed once, each stream then waiting out its lease)."""
+    caplog.set_level(logging.ERROR, logger="authio.audit")
+    async with receiver() as hooks:
+        stream = await _stream(hooks_project, {"type": "webhook", "url": hooks.url},
+                               actions=["user.created"])
+        hooks.secrets.append(stream["secret"])
+        await _users(hooks_project, 1)
+        await hooks.wait_for(1)
+        await asyncio.sleep(1.0)  # caught up: idle passes run
+        await _users(hooks_project, 1)
+        await hooks.wait_for(2, within=5.0)
+    assert [r.getMessage() for r in caplog.records if r.name == "authio.audit"] == []
 
 
 async def test_a_failing_batch_is_retried_alone_and_unchanged(hooks_project: Project,
