@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import concurrent.futures as cf
 import contextlib
 import csv
@@ -675,6 +676,9 @@ async def start_server(url: str, spec: LoadSpec, args: argparse.Namespace, tag: 
            "PYTHONPATH": str(ROOT)}
     if args.otel_exporter:
         env["OTEL_EXPORTER"] = args.otel_exporter
+    if "SERVICE_KMS_KEY" not in env and "SERVICE_KMS_KEY_FILE" not in env:
+        # The server refuses to start without a key-encryption key; nothing here is sealed.
+        env["SERVICE_KMS_KEY"] = base64.b64encode(secrets.token_bytes(32)).decode()
     log_path = Path(f"/tmp/{tag}-server.log")
     server = Server(_spawn(env, log_path), f"http://127.0.0.1:{port}", log_path)
     proc = server.proc
@@ -1043,10 +1047,13 @@ async def explain_first_pages(url: str, spec: LoadSpec, cases: list[FilterCase])
     conn = await asyncpg.connect(url)
     try:
         await conn.execute("SET plan_cache_mode = force_custom_plan")  # as the service does
+        from control_plane.audit import repository as ae
+
+        frequencies = await ae.search_trigram_frequencies(conn)  # as the service reads them
         for case in cases:
             project = spec.other_project_ids[0] if case.small_project else spec.project_id
             for f in case.candidates[: 2 if case.name.startswith("q_") else 1]:
-                sql, params = build(project, f, PAGE_LIMIT)
+                sql, params = build(project, f, PAGE_LIMIT, frequencies)
                 out.append(await _explain_one(conn, case.name, f, sql, params))
     finally:
         await conn.close()
@@ -1093,9 +1100,10 @@ def _node_chain(node: dict[str, Any]) -> str:
     return " > ".join(names)
 
 
-def _query_builder() -> Callable[[str, dict[str, str], int], tuple[str, list[Any]]]:
+def _query_builder() -> Callable[[str, dict[str, str], int, dict[str, float]], tuple[str, list[Any]]]:
     """The service's own SQL for a first page: ``audit.repository.build_query`` over the
-    listing's columns with ``limit + 1`` rows (the extra row tells ``has_more``)."""
+    listing's columns with ``limit + 1`` rows (the extra row tells ``has_more``), a ``q``
+    given the index the rare trigrams the service would choose from ``frequencies``."""
     from multidict import MultiDict
 
     from common.schemas import parse_query
@@ -1103,8 +1111,10 @@ def _query_builder() -> Callable[[str, dict[str, str], int], tuple[str, list[Any
     from control_plane.audit import service
     from control_plane.audit.schemas import EventsQuery
 
-    def build(project_id: str, query: dict[str, str], limit: int) -> tuple[str, list[Any]]:
-        filters = service.filters(parse_query(MultiDict(query), EventsQuery))
+    def build(project_id: str, query: dict[str, str], limit: int,
+              frequencies: dict[str, float]) -> tuple[str, list[Any]]:
+        filters = service.with_rare_trigrams(service.filters(parse_query(MultiDict(query), EventsQuery)),
+                                             frequencies)
         sql, args = ae.build_query(ae.JSON_COLUMNS, project_id, filters, limit=limit + 1)
         return sql, list(args)
 

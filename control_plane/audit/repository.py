@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 import asyncpg
@@ -102,6 +102,9 @@ class Filters:
     since: datetime | None = None
     until: datetime | None = None
     q: str | None = None
+    q_trigrams: tuple[str, ...] = ()
+    """Rare trigrams of ``q`` (``service.rare_trigrams``): when given, the trigram index is
+    asked for these alone and ``q`` itself is checked on the rows it finds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +137,15 @@ def _conditions(p: Params, project_id: str, f: Filters, after: Key | None,
     if f.until is not None:
         conds.append(f"e.created_at < {p(f.until)}")
     if f.q is not None:
-        if _TRIGRAMS_RE.search(f.q):
-            # Written as the index's expression LIKE a pattern, so the trigram index applies.
-            # Every trigram of the pattern is looked up: a rare e-mail whose domain trigrams are
-            # common costs 0.3-0.7 s at 10M events. Giving the index only the longest run fixes
-            # that (11-18 ms) but turns a phrase of common words into a recheck of millions of
-            # rows (seconds); choosing well needs trigram frequencies pg_trgm does not keep.
+        if f.q_trigrams:
+            # Each trigram is a substring of q, so these conditions drop no match; the index
+            # reads their short posting lists only, and strpos checks q on what they find.
+            conds.extend(f"{SEARCH_EXPR} LIKE {p('%' + t + '%')}" for t in f.q_trigrams)
+            conds.append(f"strpos({SEARCH_EXPR}, lower({p(f.q)})) > 0")
+        elif _TRIGRAMS_RE.search(f.q):
+            # Written as the index's expression LIKE a pattern, so the trigram index applies to
+            # every trigram of q: right when all of them are common (the planner may then walk
+            # the time index instead and stop at the page's end).
             conds.append(f"{SEARCH_EXPR} LIKE lower({p('%' + like_literal(f.q) + '%')})")
         else:
             # Nothing a trigram index could use: scan newest first and stop at the LIMIT.
@@ -179,6 +185,45 @@ def build_query(
         for t in f.types
     )
     return f"SELECT {columns} FROM ({branches}) e {tail}", p.values
+
+
+SEARCH_TRIGRAM_FREQUENCIES: Final = """
+SELECT most_common_elems::text::text[] AS trigrams, most_common_elem_freqs AS frequencies
+FROM pg_stats_ext_exprs
+WHERE statistics_name = 'audit_events_search_trigrams' AND schemaname = current_schema()
+  AND tablename = 'audit_events' AND most_common_elems IS NOT NULL"""
+"""The most common trigrams of the search text and the fraction of events holding each (the
+expression statistics of migration 0012, as the last ANALYZE of ``audit_events`` sampled them;
+PostgreSQL appends three entries to the frequencies: the least, the greatest, and the null
+frequency). No row before that ANALYZE, or for a role that does not own the table."""
+
+
+async def search_trigram_frequencies(conn: asyncpg.Connection) -> dict[str, float]:
+    """The listed trigrams and their frequencies (0-1); empty when there are no statistics."""
+    row = await conn.fetchrow(SEARCH_TRIGRAM_FREQUENCIES)
+    if row is None:
+        return {}
+    return dict(zip(row["trigrams"], row["frequencies"], strict=False))
+
+
+ANALYZE_LOCK_KEY: Final = 0x61756473  # one process at a time analyzes the log
+
+
+async def analyze_if_older(conn: asyncpg.Connection, *, max_age: timedelta) -> bool:
+    """``ANALYZE audit_events`` when its last ANALYZE is older than ``max_age`` or never ran,
+    and no other process is at it; whether it ran. The partitioned table's own statistics
+    (the planner's estimates for the parent, and the search trigrams of migration 0012) are
+    only ever made this way: autovacuum analyzes partitions, never the table above them."""
+    async with conn.transaction():
+        if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", ANALYZE_LOCK_KEY):
+            return False
+        fresh = await conn.fetchval(
+            "SELECT last_analyze > now() - $1::interval FROM pg_stat_user_tables"
+            " WHERE relid = 'audit_events'::regclass", max_age)
+        if fresh:
+            return False
+        await conn.execute("ANALYZE audit_events")
+    return True
 
 
 async def custom_plans(conn: asyncpg.Connection) -> None:

@@ -9,8 +9,10 @@ Reading (SPEC.md 4 "Audit query filters", 8, 9.2-9.3), always of one project:
 
 * :func:`list_events`: the filters, newest first, keyset-paginated on ``(created_at, id)``. Each
   page continues strictly below the last key returned, so an event that existed when the first
-  page was read is listed exactly once, however many are written meanwhile. A ``q`` without
-  three letters or digits in a row gives the trigram index nothing to use and is matched newest
+  page was read is listed exactly once, however many are written meanwhile. A ``q`` is matched
+  as a case-insensitive substring (SPEC.md 4) through the trigram index: asked for ``q``'s rare
+  trigrams alone when it has some (:func:`rare_trigrams`), for all of them otherwise. A ``q``
+  without three letters or digits in a row gives the index nothing to use and is matched newest
   first until the page is full.
 * :func:`open_export`: CSV (RFC 4180, the columns of ``repository.CSV_COLUMNS`` under a header
   row, a cell starting with ``=`` ``+`` ``-`` ``@`` TAB or CR prefixed with ``'``: the OWASP
@@ -33,8 +35,9 @@ import asyncio
 import contextlib
 import csv
 import io
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
@@ -131,10 +134,46 @@ def listing(project_id: str, secret: bytes) -> Listing:
     return Listing(LISTING, project_id, secret)
 
 
+RARE_TRIGRAM: Final = 0.01
+"""A trigram held by fewer than this fraction of events is rare enough to find ``q`` by."""
+MAX_INDEX_TRIGRAMS: Final = 3
+_ASCII_TRIGRAMS: Final = re.compile(r"(?=([A-Za-z0-9]{3}))")
+
+
+def rare_trigrams(q: str, frequencies: Mapping[str, float]) -> tuple[str, ...]:
+    """The rarest trigrams of ``q`` (at most :data:`MAX_INDEX_TRIGRAMS`, rarest first), given
+    the fraction of events holding each listed trigram; one not listed is rarer than every
+    listed one. Only trigrams under :data:`RARE_TRIGRAM` count; none, or no statistics: ``()``.
+
+    Why: the trigram index answers a LIKE pattern by reading the posting list of every trigram
+    in it, and an e-mail's common ones ("gma", "com") hold most of the log; read alone, a rare
+    trigram's list is short and ``q`` itself is checked on the few rows it names. Candidates are
+    runs of three ASCII letters or digits in ``q`` lower-cased: each is a trigram pg_trgm keeps
+    for any text containing ``q`` (it indexes every three consecutive word characters), so
+    requiring it drops no match, and ASCII case-folds the same in Python and PostgreSQL."""
+    if not frequencies:
+        return ()
+    found = {t.lower() for t in _ASCII_TRIGRAMS.findall(q)}
+    ranked = sorted(found, key=lambda t: (frequencies.get(t, 0.0), t))
+    return tuple(t for t in ranked if frequencies.get(t, 0.0) < RARE_TRIGRAM)[:MAX_INDEX_TRIGRAMS]
+
+
 def filters(query: EventFilters) -> Filters:
     """The query's filters as the repository takes them."""
     return Filters(types=query.type or (), user=query.user, actor=query.actor,
                    since=query.since, until=query.to, q=query.q)
+
+
+def with_rare_trigrams(f: Filters, frequencies: Mapping[str, float]) -> Filters:
+    """``f`` with the rare trigrams of its ``q`` given the trigrams' ``frequencies``."""
+    return f if f.q is None else replace(f, q_trigrams=rare_trigrams(f.q, frequencies))
+
+
+async def _searched(conn: asyncpg.Connection, f: Filters) -> Filters:
+    """``f`` with the rare trigrams of its ``q``, by the statistics of migration 0012."""
+    if f.q is None:
+        return f
+    return with_rare_trigrams(f, await repository.search_trigram_frequencies(conn))
 
 
 def cursor_key(cursor: str | None, events: Listing) -> Key | None:
@@ -154,10 +193,11 @@ async def list_events(pool: asyncpg.Pool, events: Listing,
     """One page of the project's events that pass the query's filters.
     Raises InvalidRequest (cursor)."""
     after = cursor_key(query.cursor, events)
-    sql, args = repository.build_query(repository.JSON_COLUMNS, events.project_id,
-                                       filters(query), after=after, limit=query.limit + 1)
     async with pool.acquire() as conn, conn.transaction(readonly=True):
         await repository.custom_plans(conn)
+        sql, args = repository.build_query(repository.JSON_COLUMNS, events.project_id,
+                                           await _searched(conn, filters(query)), after=after,
+                                           limit=query.limit + 1)
         rows = await conn.fetch(sql, *args)
     return page_of([AuditEvent(**r) for r in rows], Position(query.limit, None), events,
                    key=lambda e: [e.created_at, e.id])
@@ -263,10 +303,11 @@ async def open_export(pool: asyncpg.Pool, events: Listing, query: ExportQuery,
     """Open an export of the project's events that pass the query's filters, in one snapshot.
     Raises InvalidRequest (cursor) before anything is read."""
     after = cursor_key(query.cursor, events)
-    f, cap = filters(query), query.limit
+    cap = query.limit
     async with pool.acquire() as conn, \
             conn.transaction(isolation="repeatable_read", readonly=True):
         await repository.export_settings(conn)
+        f = await _searched(conn, filters(query))
         sql, args = repository.build_query("e.created_at, e.id", events.project_id, f,
                                            after=after, offset=cap - 1, limit=2)
         edge = await conn.fetch(sql, *args)

@@ -8,6 +8,12 @@ now minus the retention are dropped; run at start and every 24 hours. Rows that 
 DEFAULT partition (the guarantee that no insert fails) are moved into a new month's partition
 when it is created, and deleted there once past retention.
 
+**Statistics.** Autovacuum analyzes partitions, never the partitioned table above them, whose
+statistics hold the search text's trigram frequencies (migration 0012) that a ``q`` search
+chooses its index terms by: :func:`statistics_pass` runs ``ANALYZE audit_events`` (a sample of
+30,000 events, seconds at 10M) when the last one is older than :data:`STATISTICS_MAX_AGE`,
+looked at :data:`STATISTICS_CHECK_SECONDS` after start and every hour, by one process at a time.
+
 **Streams** (:class:`Streamer`, one per process). Due streams are claimed under a lease
 (``FOR UPDATE SKIP LOCKED``: a stream is sent by one process at a time). A claimed stream
 sends the batch it holds (a retry: exactly the same events), or reads the next one after its
@@ -171,6 +177,21 @@ async def partition_pass(pool: asyncpg.Pool, settings: Settings) -> PartitionRep
     return report
 
 
+STATISTICS_MAX_AGE: Final = timedelta(hours=24)
+STATISTICS_CHECK_SECONDS: Final = 3600.0
+STATISTICS_FIRST_CHECK_SECONDS: Final = 30.0
+
+
+async def statistics_pass(pool: asyncpg.Pool) -> bool:
+    """``ANALYZE audit_events`` if its statistics are older than :data:`STATISTICS_MAX_AGE`;
+    whether it ran."""
+    async with pool.acquire() as conn:
+        ran = await repository.analyze_if_older(conn, max_age=STATISTICS_MAX_AGE)
+    if ran:
+        log.info("audit log analyzed (the planner's estimates and the search trigrams)")
+    return ran
+
+
 # --- audit streams -------------------------------------------------------------------------------
 
 STREAM_IDLE_SECONDS: Final = 0.25
@@ -303,7 +324,8 @@ _EVENT_FIELDS: Final = ("id", "created_at", "action", "actor_type", "actor_id", 
 async def workers(app: web.Application) -> AsyncIterator[None]:
     """The partition manager: a first pass before the app serves (so the current month's
     partition exists before the first audit insert), then one every
-    ``SERVICE_AUDIT_PARTITION_INTERVAL_SECONDS``; and the audit streams' worker."""
+    ``SERVICE_AUDIT_PARTITION_INTERVAL_SECONDS``; the statistics pass; and the audit streams'
+    worker."""
     pool, settings = app[PG_POOL], app[SETTINGS]
     await partition_pass(pool, settings)
     interval = settings.audit_partition_interval_seconds
@@ -314,5 +336,9 @@ async def workers(app: web.Application) -> AsyncIterator[None]:
                 audit_partitions=every(
                     interval, functools.partial(partition_pass, pool, settings),
                     what="audit partition pass", logger=log, first_after=interval),
+                audit_statistics=every(
+                    STATISTICS_CHECK_SECONDS, functools.partial(statistics_pass, pool),
+                    what="audit statistics pass", logger=log,
+                    first_after=STATISTICS_FIRST_CHECK_SECONDS),
                 audit_streams=streamer.run()):
             yield

@@ -150,6 +150,10 @@ class Fixture:
 
 @pytest.fixture
 async def catalog(project: Project, db: asyncpg.Pool) -> Fixture:
+    return await make_catalog(project, db)
+
+
+async def make_catalog(project: Project, db: asyncpg.Pool) -> Fixture:
     """Bootstrap events, one real key creation and revocation, and hand-made rows whose values
     exercise each filter; a second project holds look-alike rows that must never show."""
     api = await audit_key(project)
