@@ -23,16 +23,16 @@ from common.ids import new_id
 from common.settings import Settings
 from control_plane.audit.repository import search_trigram_frequencies
 from control_plane.audit.service import rare_trigrams
-from tests.audit.test_audit_read import (
+from tests.audit.helpers import (
     FILTER_CASES,
     Fixture,
-    _resolve,
     event,
     get_ok,
     insert,
     jsonl,
     make_catalog,
     model,
+    resolve,
 )
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.service import bootstrap_project, combined_app, serving
@@ -83,7 +83,7 @@ async def test_the_cases_take_the_rare_trigram_path(searched: Searched) -> None:
 async def test_q_through_rare_trigrams_matches_the_rule(searched: Searched, query: dict[str, str],
                                                         args: dict[str, Any]) -> None:
     catalog = searched.catalog
-    qs, a = _resolve(catalog, query, args)
+    qs, a = resolve(catalog, query, args)
     expected = model(catalog.rows, **a)
     r = await get_ok(catalog.api, "/v1/audit/events?limit=1000&" + qs)
     assert [e["id"] for e in r.body["data"]] == expected, qs
