@@ -114,6 +114,8 @@ def _parse_consistency(value: Any, prefix: str, fields: Fields) -> int | None:
     rev = value.get("at_least_revision")
     if rev is None:
         return None
+    if type(rev) is float and rev.is_integer():
+        rev = int(rev)  # JSON Schema's integer: a number without a fractional part (5.0 too)
     if type(rev) is not int or rev < 0:
         fields.append({"field": prefix + ".at_least_revision",
                        "message": "must be an integer >= 0"})

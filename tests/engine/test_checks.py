@@ -595,6 +595,16 @@ async def test_invalid_check_body(project: Project, body: dict[str, Any], field:
     assert field in fields, r.body
 
 
+async def test_an_integral_number_is_an_integer_revision(project: Project) -> None:
+    """JSON Schema's ``integer`` is any number without a fractional part: 0.0 is revision 0
+    (schemathesis sends such numbers as valid data)."""
+    store = await new_store(project.api)
+    r = await project.api.post(f"/v1/stores/{store}/check", {
+        "tuple_key": tk("doc:1#viewer@user:a"), "consistency": {"at_least_revision": 0.0}})
+    assert r.status == 200, r.body
+    assert r.body["allowed"] is False
+
+
 @pytest.mark.parametrize("user", [
     "nocolon", "user:", ":a", "user:a#", "user:a#b#c", "user:*", "user:a b", "user:a:b", "",
     "group:x#mem ber", "user:a\n",
