@@ -25,7 +25,7 @@ _ID_RE: Final = re.compile(r"([a-z]+)_([0-9a-hjkmnp-tv-z]{26})")
 PATH_IDS: Final = {"store_id": "store", "key_id": "key", "user_id": "user", "org_id": "org",
                    "membership_id": "mem", "invitation_id": "inv", "passkey_id": "pk",
                    "decision_id": "rd", "endpoint_id": "whep", "delivery_id": "dlv",
-                   "stream_id": "strm"}
+                   "stream_id": "strm", "dsr_id": "dsr"}
 """The path parameters of the API, each naming a resource by its id, and the prefix of that id
 (the routes declare no others; the OpenAPI document gives each the pattern of :func:`id_pattern`)."""
 

@@ -125,6 +125,24 @@ def like_literal(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def search_condition(p: Params, q: str, q_trigrams: tuple[str, ...] = ()) -> str:
+    """SQL (over alias ``e``) true for the events whose search text (:data:`SEARCH_EXPR`) holds
+    ``q`` case-insensitively, through the trigram index: asked for ``q_trigrams`` alone when
+    given (:class:`Filters`), else for every trigram of ``q``."""
+    if q_trigrams:
+        # Each trigram is a substring of q, so these conditions drop no match; the index
+        # reads their short posting lists only, and strpos checks q on what they find.
+        conds = [f"{SEARCH_EXPR} LIKE {p('%' + t + '%')}" for t in q_trigrams]
+        return " AND ".join([*conds, f"strpos({SEARCH_EXPR}, lower({p(q)})) > 0"])
+    if _TRIGRAMS_RE.search(q):
+        # Written as the index's expression LIKE a pattern, so the trigram index applies to
+        # every trigram of q: right when all of them are common (the planner may then walk
+        # the time index instead and stop at the page's end).
+        return f"{SEARCH_EXPR} LIKE lower({p('%' + like_literal(q) + '%')})"
+    # Nothing a trigram index could use: scan newest first and stop at the LIMIT.
+    return f"strpos({SEARCH_EXPR}, lower({p(q)})) > 0"
+
+
 def _conditions(p: Params, project_id: str, f: Filters, after: Key | None,
                 bound: Key | None) -> list[str]:
     conds = [f"e.project_id = {p(project_id)}"]
@@ -137,19 +155,7 @@ def _conditions(p: Params, project_id: str, f: Filters, after: Key | None,
     if f.until is not None:
         conds.append(f"e.created_at < {p(f.until)}")
     if f.q is not None:
-        if f.q_trigrams:
-            # Each trigram is a substring of q, so these conditions drop no match; the index
-            # reads their short posting lists only, and strpos checks q on what they find.
-            conds.extend(f"{SEARCH_EXPR} LIKE {p('%' + t + '%')}" for t in f.q_trigrams)
-            conds.append(f"strpos({SEARCH_EXPR}, lower({p(f.q)})) > 0")
-        elif _TRIGRAMS_RE.search(f.q):
-            # Written as the index's expression LIKE a pattern, so the trigram index applies to
-            # every trigram of q: right when all of them are common (the planner may then walk
-            # the time index instead and stop at the page's end).
-            conds.append(f"{SEARCH_EXPR} LIKE lower({p('%' + like_literal(f.q) + '%')})")
-        else:
-            # Nothing a trigram index could use: scan newest first and stop at the LIMIT.
-            conds.append(f"strpos({SEARCH_EXPR}, lower({p(f.q)})) > 0")
+        conds.append(search_condition(p, f.q, f.q_trigrams))
     if after is not None:
         conds.append(f"(e.created_at, e.id) < ({p(after.created_at)}, {p(after.id)})")
     if bound is not None:

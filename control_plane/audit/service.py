@@ -44,6 +44,7 @@ from typing import Any, Final, Literal
 import asyncpg
 import orjson
 
+from common.db import Params
 from common.errors import InvalidRequest, NotFound
 from common.ids import is_id, new_id
 from common.settings import Settings
@@ -167,6 +168,15 @@ def filters(query: EventFilters) -> Filters:
 def with_rare_trigrams(f: Filters, frequencies: Mapping[str, float]) -> Filters:
     """``f`` with the rare trigrams of its ``q`` given the trigrams' ``frequencies``."""
     return f if f.q is None else replace(f, q_trigrams=rare_trigrams(f.q, frequencies))
+
+
+async def mentions(conn: asyncpg.Connection, text: str) -> Callable[[Params], str]:
+    """A builder of SQL (over alias ``e``, its values placed with the statement's ``Params``)
+    true for the events whose action, actor, target or description holds ``text``
+    case-insensitively: the ``q`` search's rule and index path, for another domain's statement
+    (a data-subject deletion finds the events that mention an e-mail address)."""
+    trigrams = rare_trigrams(text, await repository.search_trigram_frequencies(conn))
+    return lambda p: repository.search_condition(p, text, trigrams)
 
 
 async def _searched(conn: asyncpg.Connection, f: Filters) -> Filters:

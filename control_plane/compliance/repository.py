@@ -1,0 +1,321 @@
+"""Compliance SQL: data-subject requests (``dsr_requests``, migration 0013), the rows a deletion
+removes, the history it anonymizes in batches, and what an export gathers."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+import asyncpg
+
+from common.db import Params
+
+DSR_COLUMNS: Final = (
+    "id, project_id, request_type, user_email, notes, due_days, status, created_at, due_at, fulfilled_at, "
+    "output_artifact_url, result, user_id, deleted_at, locked_until, output_sha256"
+)
+REDACTED: Final = "[deleted]"
+"""What an anonymized e-mail or user id reads as (SPEC.md 4 rule 2)."""
+
+
+# --- requests ---------------------------------------------------------------------------------
+
+
+async def insert(conn: asyncpg.Connection, *, dsr_id: str, project_id: str, request_type: str,
+                 user_email: str, notes: str | None, due_days: int) -> asyncpg.Record:
+    """A new pending request, due ``due_days`` after this statement's time."""
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""INSERT INTO dsr_requests (id, project_id, request_type, user_email, notes, due_days,
+                                      due_at)
+            VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(days => $6))
+            RETURNING {DSR_COLUMNS}""",
+        dsr_id, project_id, request_type, user_email, notes, due_days)
+    return row
+
+
+async def find(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, dsr_id: str, *,
+               lock: bool = False) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"SELECT {DSR_COLUMNS} FROM dsr_requests WHERE id = $1 AND project_id = $2"
+        + (" FOR UPDATE" if lock else ""), dsr_id, project_id)
+    return row
+
+
+LISTED: Final = "(SELECT *, id AS dsr_id FROM dsr_requests) d"
+"""The listing's ``FROM`` (alias ``d``): requests keyed by ``dsr_id``, as the API names it."""
+
+
+def list_condition(p: Params, *, status: str | None, request_type: str | None,
+                   overdue: bool | None) -> str:
+    """The listing's filters (over ``dsr_requests``), ``TRUE`` for none."""
+    conds = ["TRUE"]
+    if status is not None:
+        conds.append(f"status = {p(status)}")
+    if request_type is not None:
+        conds.append(f"request_type = {p(request_type)}")
+    if overdue is not None:
+        conds.append(f"{'' if overdue else 'NOT '}(status <> 'fulfilled' AND due_at < now())")
+    return " AND ".join(conds)
+
+
+async def start_deletion(conn: asyncpg.Connection, dsr_id: str, *, user_id: str | None,
+                         result: dict[str, Any], lease: timedelta) -> asyncpg.Record:
+    """The request is ``in_progress``: the user's rows are gone as of now (``deleted_at``), its
+    history is anonymized by whoever holds the lease."""
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""UPDATE dsr_requests SET status = 'in_progress', user_id = $2, deleted_at = now(),
+                                    result = $3, locked_until = now() + $4
+            WHERE id = $1 RETURNING {DSR_COLUMNS}""", dsr_id, user_id, result, lease)
+    return row
+
+
+async def take_lease(conn: asyncpg.Connection | asyncpg.Pool, dsr_id: str,
+                     lease: timedelta) -> asyncpg.Record | None:
+    """The lease of an ``in_progress`` deletion whose lease lapsed (or is ours to extend: the
+    caller just started it), or None when another process holds it or it is finished."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"""UPDATE dsr_requests SET locked_until = now() + $2
+            WHERE id = $1 AND status = 'in_progress'
+              AND (locked_until IS NULL OR locked_until < now())
+            RETURNING {DSR_COLUMNS}""", dsr_id, lease)
+    return row
+
+
+LAPSED: Final = """
+SELECT id, project_id FROM dsr_requests
+WHERE status = 'in_progress' AND (locked_until IS NULL OR locked_until < now())
+ORDER BY locked_until NULLS FIRST LIMIT $1"""
+"""Deletions whose anonymizing process died (its lease lapsed)."""
+
+
+async def progress(conn: asyncpg.Connection, dsr_id: str, table: str, count: int,
+                   lease: timedelta) -> None:
+    """Add ``count`` rows of ``table`` anonymized, and extend the lease, in the batch's
+    transaction."""
+    await conn.execute(
+        """UPDATE dsr_requests
+           SET result = jsonb_set(result, ARRAY['anonymized', $2],
+                                  to_jsonb(coalesce((result #>> ARRAY['anonymized', $2])::bigint, 0) + $3)),
+               locked_until = now() + $4
+           WHERE id = $1""", dsr_id, table, count, lease)
+
+
+async def finish(conn: asyncpg.Connection, dsr_id: str, *, result: dict[str, Any] | None = None,
+                 output_artifact_url: str | None = None, output_sha256: str | None = None,
+                 document: bytes | None = None) -> asyncpg.Record:
+    """The request is fulfilled now; ``result`` replaces the stored one when given."""
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""UPDATE dsr_requests SET status = 'fulfilled', fulfilled_at = now(), locked_until = NULL,
+                                    result = coalesce($2, result), output_artifact_url = $3,
+                                    output_sha256 = $4, document = $5
+            WHERE id = $1 RETURNING {DSR_COLUMNS}""",
+        dsr_id, result, output_artifact_url, output_sha256, document)
+    return row
+
+
+async def document(conn: asyncpg.Connection | asyncpg.Pool, dsr_id: str) -> bytes | None:
+    """The export document as stored (the bytes its digest is of)."""
+    value: bytes | None = await conn.fetchval("SELECT document FROM dsr_requests WHERE id = $1",
+                                              dsr_id)
+    return value
+
+
+# --- deletion: the user's rows, in one transaction ---------------------------------------------
+
+SUBJECT: Final = """
+SELECT id, email, phone_number FROM users
+WHERE project_id = $1 AND lower(email) = lower($2) FOR UPDATE"""
+"""The project's user of the e-mail, locked: a sign-in waiting on the row fails once it is gone
+(its session's foreign key) instead of leaving a row behind."""
+
+# (name in the answer, statement over the named values {project}, {user} (null: no user), {email},
+# {phone}).
+# Children first, so each count is the table's own (nothing is left to a cascade).
+DELETIONS: Final = (
+    ("webhook_deliveries", """
+DELETE FROM webhook_deliveries d USING audit_events e
+WHERE d.project_id = {project} AND d.status = 'pending' AND e.project_id = {project} AND e.id = d.event_id
+  AND e.created_at = d.event_created_at
+  AND (e.user_id = {user} OR e.actor_id = {user}
+       OR (e.metadata ? 'user_email' AND lower(e.metadata ->> 'user_email') = lower({email})))"""),
+    ("refresh_tokens", """
+DELETE FROM refresh_tokens WHERE session_id IN (SELECT id FROM sessions WHERE user_id = {user})"""),
+    ("step_up_challenges", "DELETE FROM step_up_challenges WHERE user_id = {user}"),
+    ("sessions", "DELETE FROM sessions WHERE user_id = {user}"),
+    ("oauth_identities", """
+DELETE FROM oauth_identities
+WHERE user_id = {user} OR (project_id = {project} AND lower(email) = lower({email}))"""),
+    ("passkeys", "DELETE FROM passkeys WHERE user_id = {user}"),
+    ("webauthn_challenges", "DELETE FROM webauthn_challenges WHERE user_id = {user}"),
+    ("magic_link_tokens", """
+DELETE FROM magic_link_tokens
+WHERE user_id = {user}
+   OR (project_id = {project} AND (lower(destination) = lower({email}) OR destination = {phone}))"""),
+    ("messages", """
+DELETE FROM messages
+WHERE project_id = {project} AND (lower(destination) = lower({email}) OR destination = {phone})"""),
+    ("memberships", "DELETE FROM memberships WHERE user_id = {user}"),
+    ("invitations", "DELETE FROM invitations WHERE project_id = {project} AND lower(email) = lower({email})"),
+    ("risk_known", "DELETE FROM risk_known WHERE user_id = {user}"),
+    ("risk_last_locations", "DELETE FROM risk_last_locations WHERE user_id = {user}"),
+    ("users", "DELETE FROM users WHERE id = {user}"),
+)
+FORGET_INVITER: Final = """
+UPDATE invitations SET created_by = NULL WHERE project_id = {project} AND created_by = {user}"""
+"""Invitations the user sent to others stay (they are the organization's), without its id."""
+
+
+class _Named(dict[str, str]):
+    """``str.format_map`` over this gives each ``{name}`` its ``$n`` of ``p`` (by name)."""
+
+    def __init__(self, p: Params) -> None:
+        super().__init__()
+        self.p = p
+
+    def __missing__(self, name: str) -> str:
+        return self.p[name]
+
+
+def named(statement: str) -> tuple[str, Params]:
+    """``statement`` with each ``{name}`` a placeholder, and the ``Params`` that binds them."""
+    p = Params()
+    return statement.format_map(_Named(p)), p
+
+
+async def delete_subject(conn: asyncpg.Connection, *, project_id: str, user_id: str | None,
+                         email: str, phone: str | None) -> dict[str, int]:
+    """Delete every row of :data:`DELETIONS` that names the user or its contacts, in ``conn``'s
+    transaction; the count per table."""
+    values = {"project": project_id, "user": user_id, "email": email, "phone": phone}
+    counts = {}
+    for name, statement in DELETIONS:
+        sql, p = named(statement)
+        status = await conn.execute(sql, *p.bind_from(values))
+        counts[name] = int(status.split()[-1])
+    if user_id is not None:
+        sql, p = named(FORGET_INVITER)
+        await conn.execute(sql, *p.bind_from(values))
+    return counts
+
+
+# --- deletion: anonymizing the history, in batches ----------------------------------------------
+
+
+def like_regex(text: str) -> str:
+    """A PostgreSQL regular expression (ARE) matching ``text`` literally: every character that
+    is not a letter or digit escaped (``\\`` before a non-alphanumeric is that character)."""
+    return "".join(c if c.isalnum() else "\\" + c for c in text)
+
+
+def anonymize_events(p: Params, *, project_id: str, selector: str, user_id: str | None,
+                     email: str, limit: int, after: tuple[datetime, str] | None) -> str:
+    """The batch statement: at most ``limit`` events of the project chosen by ``selector`` (SQL
+    over alias ``e`` whose values ``p`` already holds), newest first after the key ``after``,
+    lose the user: ``user_id`` (its id in ``user_id``, ``actor_id``, ``target_id`` becomes
+    null) and ``email`` (any case; in the description and every metadata value, as the id too,
+    it becomes :data:`REDACTED`). An event that was the user's (by ``user_id`` or ``actor_id``)
+    also loses its client address and user agent (the columns, and metadata ``ip``,
+    ``user_agent``, ``device``). Returns the keys of the events it changed."""
+    email_re = p(like_regex(email))
+
+    def scrub(expr: str) -> str:
+        out = f"regexp_replace({expr}, {email_re}, '{REDACTED}', 'gi')"
+        return out if user_id is None else f"regexp_replace({out}, {p(user_id)}, '{REDACTED}', 'g')"
+
+    def forget(column: str) -> str:
+        if user_id is None:
+            return scrub(f"e.{column}")
+        return f"CASE WHEN e.{column} = {p(user_id)} THEN NULL ELSE {scrub('e.' + column)} END"
+
+    own = "FALSE" if user_id is None else f"(e.user_id = {p(user_id)} OR e.actor_id = {p(user_id)})"
+    keyset = ("" if after is None else
+              f" AND (e.created_at, e.id) < ({p(after[0])}::timestamptz, {p(after[1])})")
+    return f"""
+WITH batch AS (
+    SELECT e.created_at, e.id FROM audit_events e
+    WHERE e.project_id = {p(project_id)} AND ({selector}){keyset}
+    ORDER BY e.created_at DESC, e.id DESC LIMIT {p(limit)}
+)
+UPDATE audit_events e SET
+    user_id = {'e.user_id' if user_id is None else f'CASE WHEN e.user_id = {p(user_id)} THEN NULL ELSE e.user_id END'},
+    actor_id = {forget('actor_id')},
+    target_id = {forget('target_id')},
+    ip = CASE WHEN {own} THEN NULL ELSE e.ip END,
+    user_agent = CASE WHEN {own} THEN NULL ELSE e.user_agent END,
+    description = {scrub('e.description')},
+    metadata = CASE WHEN {own}
+                    THEN {scrub('e.metadata::text')}::jsonb - 'ip' - 'user_agent' - 'device'
+                    ELSE {scrub('e.metadata::text')}::jsonb END
+FROM batch WHERE e.created_at = batch.created_at AND e.id = batch.id
+RETURNING e.created_at, e.id"""
+
+
+def by_user(p: Params, user_id: str) -> str:
+    return f"e.user_id = {p(user_id)}"
+
+
+def by_actor(p: Params, user_id: str) -> str:
+    return f"e.actor_id = {p(user_id)}"
+
+
+def by_email_field(p: Params, email: str, before: datetime) -> str:
+    """Events whose metadata names the e-mail as ``user_email``, written ``before`` the
+    deletion: the same address registered again afterwards is another user's."""
+    return (f"e.metadata ? 'user_email' AND lower(e.metadata ->> 'user_email') = lower({p(email)})"
+            f" AND e.created_at < {p(before)}")
+
+
+ANONYMIZE_DECISIONS: Final = """
+WITH batch AS (SELECT id FROM risk_decisions WHERE project_id = $1 AND user_id = $2 LIMIT $3)
+UPDATE risk_decisions d
+SET user_id = NULL,
+    inputs = d.inputs - 'ip' - 'user_agent' - 'device' - 'place' - 'last_sign_in'
+FROM batch WHERE d.id = batch.id"""
+"""At most ``$3`` of the user's risk decisions lose the user and what described the sign-in's
+client (address, user agent, device, place, the previous sign-in); scores, signals and the
+decision stay."""
+
+
+# --- export ------------------------------------------------------------------------------------
+
+EXPORT_USER: Final = """
+SELECT id, email, email_verified, phone_number, phone_verified, name, metadata, created_at,
+       updated_at, last_sign_in_at
+FROM users WHERE project_id = $1 AND lower(email) = lower($2)"""
+EXPORT_PARTS: Final = (
+    ("identities", """
+SELECT provider, issuer, subject, email, created_at, last_used_at FROM oauth_identities
+WHERE user_id = {user} ORDER BY created_at"""),
+    ("passkeys", """
+SELECT id, credential_id, public_key, aaguid::text AS aaguid, transports, name, sign_count,
+       backup_eligible, backup_state, created_at, last_used_at
+FROM passkeys WHERE user_id = {user} ORDER BY id"""),
+    ("memberships", """
+SELECT id, organization_id, role, status, created_at, updated_at FROM memberships
+WHERE user_id = {user} ORDER BY id"""),
+    ("sessions", """
+SELECT id, organization_id, status, auth_method, ip, user_agent, created_at, expires_at,
+       last_refreshed_at, revoked_at, revoke_reason
+FROM sessions WHERE user_id = {user} ORDER BY id"""),
+    ("risk_decisions", """
+SELECT id, session_id, method, score, decision, signals, reasons, inputs, created_at
+FROM risk_decisions WHERE project_id = {project} AND user_id = {user} ORDER BY id"""),
+    ("step_up_challenges", """
+SELECT id, decision_id, method, organization_id, status, satisfied_by, session_id, created_at,
+       expires_at, used_at
+FROM step_up_challenges WHERE user_id = {user} ORDER BY id"""),
+)
+"""What an export gathers besides the user row and the audit events (statements over the named
+values ``{user}``, ``{project}``):
+public parts only (no token hash, no secret)."""
+
+
+def export_events(columns: str) -> str:
+    """The user's audit events (by ``user_id`` or as the actor), oldest first."""
+    return f"""
+SELECT {columns} FROM audit_events e
+WHERE e.project_id = $2 AND e.user_id = $1
+UNION ALL
+SELECT {columns} FROM audit_events e
+WHERE e.project_id = $2 AND e.actor_id = $1 AND e.user_id IS DISTINCT FROM $1
+ORDER BY created_at, id"""

@@ -1,0 +1,159 @@
+"""A data-subject deletion leaves nothing that names the user (SPEC.md 4 rule 2; issue 21).
+
+The user is seeded through the paths that write data about a user: two magic-link sign-ins
+(sessions, refresh tokens, risk decisions, known devices and last locations, messages and
+links, audit events), a passkey, a membership, an invitation to its address from another
+organization, and webhook deliveries of its events that stay pending (the receiver fails and
+the retry comes after ten minutes). After the deletion, SQL over every column of every table
+that can hold text (walked from the catalog, so a table added later is covered) finds neither
+the user's id nor its address, except in the request's own record; the audit export and the
+webhook deliveries made afterwards name neither; the edge refuses the user's session as
+revoked; and the address registers again as a new user.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+from aiohttp import web
+
+from tests.fixtures.database import events
+from tests.fixtures.identity import add_member, email, make_org, session_call, sign_in
+from tests.fixtures.service import Project, eventually
+from tests.fixtures.webauthn import SoftAuthenticator
+
+RP_ID, ORIGIN = "localhost", "http://localhost:8443"
+KEPT: frozenset[str] = frozenset({"dsr_requests"})
+"""Tables that may name the user afterwards: the request itself, the record that it was done."""
+TEXT_TYPES = ("text", "character varying", "jsonb", "json", "ARRAY")
+
+
+@contextlib.asynccontextmanager
+async def failing_receiver() -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A webhook receiver on loopback that answers 500 to everything; yields its URL and the
+    bodies it was sent."""
+    bodies: list[bytes] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        bodies.append(await request.read())
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/hooks", bodies
+    finally:
+        await runner.cleanup()
+
+
+async def naming(db: asyncpg.Pool, needles: list[str]) -> list[str]:
+    """``table.column`` of every row, in every table of the schema, whose text holds one of
+    ``needles`` (case-insensitively)."""
+    columns = await db.fetch(
+        """SELECT c.table_name, c.column_name FROM information_schema.columns c
+           JOIN pg_class k ON k.relname = c.table_name AND k.relkind IN ('r', 'p')
+           JOIN pg_namespace n ON n.oid = k.relnamespace AND n.nspname = c.table_schema
+           WHERE c.table_schema = current_schema() AND c.data_type = ANY($1::text[])""",
+        list(TEXT_TYPES))
+    assert len({c["table_name"] for c in columns}) > 30  # the walk covers the schema
+    found = []
+    for c in columns:
+        table, column = c["table_name"], c["column_name"]
+        hits = await db.fetchval(
+            f'SELECT count(*) FROM "{table}" WHERE "{column}"::text ILIKE ANY($1::text[])',
+            [f"%{n}%" for n in needles])
+        if hits:
+            found.append(f"{table}.{column}")
+    return found
+
+
+async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: asyncpg.Pool) -> None:
+    address = email()
+    r = await cproject.api.request("PATCH", "/v1/projects/me", json={"webauthn": {
+        "rp_id": RP_ID, "rp_name": "Test app", "origins": [ORIGIN]}})
+    assert r.status == 200, r.body
+    async with failing_receiver() as (url, received):
+        hook = await cproject.api.post("/v1/webhook-endpoints", {"url": url, "events": ["*"]})
+        assert hook.status == 201, hook.body
+
+        first = await sign_in(cproject, address)
+        second = await sign_in(cproject, address, count=2)
+        user_id = first.user_id
+        options = await session_call(cproject.api, "POST", "/v1/auth/passkey/register/options",
+                                     first.access_token, json={"name": "Laptop"})
+        assert options.status == 200, options.body
+        credential = SoftAuthenticator(origin=ORIGIN).create(options.body)
+        registered = await session_call(cproject.api, "POST", "/v1/auth/passkey/register/verify",
+                                        first.access_token, json=credential)
+        assert registered.status == 201, registered.body
+        org, other = await make_org(cproject), await make_org(cproject)
+        await add_member(cproject, org["id"], user_id)
+        invited = await cproject.api.post(f"/v1/organizations/{other['id']}/invitations",
+                                          {"email": address})
+        assert invited.status == 201, invited.body
+
+        async def pending() -> bool:
+            return bool(await cdb.fetchval(
+                "SELECT count(*) FROM webhook_deliveries d JOIN audit_events e ON e.id = d.event_id "
+                "WHERE d.project_id = $1 AND d.status = 'pending' AND jsonb_array_length(d.attempts) > 0 "
+                "AND e.user_id = $2", cproject.id, user_id))
+        await eventually(pending, what="failed deliveries of the user's events, pending")
+        before = await naming(cdb, [user_id, address])
+        assert {"users.email", "sessions.user_id", "passkeys.user_id", "memberships.user_id",
+                "invitations.email", "audit_events.user_id", "risk_decisions.user_id",
+                "risk_known.user_id", "messages.destination"} <= set(before), before
+
+        made = await cproject.api.post("/v1/compliance/dsr", {"request_type": "deletion",
+                                                              "user_email": address})
+        assert made.status == 201, made.body
+        dsr_id = made.body["dsr_id"]
+        done = await cproject.api.post(f"/v1/compliance/dsr/{dsr_id}/fulfill", {})
+        assert done.status == 200, done.body
+        body: dict[str, Any] = done.body
+        assert body["user_found"] is True and body["dsr"]["status"] == "fulfilled"
+        deleted = body["deleted"]
+        assert (deleted["users"], deleted["sessions"], deleted["passkeys"]) == (1, 2, 1)
+        assert deleted["memberships"] == 1 and deleted["invitations"] == 1
+        assert deleted["refresh_tokens"] >= 2 and deleted["messages"] >= 2
+        assert deleted["risk_known"] >= 1 and deleted["risk_last_locations"] >= 0
+        assert deleted["webhook_deliveries"] >= 1
+        assert body["anonymized"]["risk_decisions"] == 2
+        assert body["anonymized"]["audit_events"] >= 6
+        seen = len(received)
+
+        # Nothing names the user: not a row, not the export, not a delivery made since.
+        assert await naming(cdb, [user_id, address]) == ["dsr_requests.user_email",
+                                                          "dsr_requests.user_id"]
+        export = await cproject.api.get("/v1/audit/events.jsonl")
+        assert export.status == 200
+        assert user_id not in export.raw.decode() and address not in export.raw.decode().lower()
+        [fulfilled] = await events(cdb, cproject.id, "dsr.fulfilled")
+        assert fulfilled["target_id"] == dsr_id
+
+        async def delivered_since() -> bool:
+            return len(received) > seen  # dsr.fulfilled's first attempt
+        await eventually(delivered_since, what="a delivery after the deletion")
+        for raw in received[seen:]:
+            assert user_id.encode() not in raw and address.encode() not in raw.lower()
+
+        # The edge refuses the sessions; the address is free for a new user.
+        async def refused() -> bool:
+            r = await session_call(cproject.api, "GET", "/v1/edge/validate", second.access_token)
+            return r.status == 401 and r.body["error"]["details"]["reason"] == "revoked"
+        await eventually(refused, what="the session refused as revoked at the edge")
+        again = await cproject.api.post("/v1/users", {"email": address})
+        assert again.status == 201 and again.body["id"] != user_id
+
+        repeat = await cproject.api.post(f"/v1/compliance/dsr/{dsr_id}/fulfill", {})
+        assert repeat.status == 200
+        assert {k: repeat.body[k] for k in ("deleted", "anonymized", "user_found")} == \
+            {k: body[k] for k in ("deleted", "anonymized", "user_found")}
+        assert len(await events(cdb, cproject.id, "dsr.fulfilled")) == 1
