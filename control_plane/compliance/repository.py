@@ -207,15 +207,25 @@ def like_regex(text: str) -> str:
     return "".join(c if c.isalnum() else "\\" + c for c in text)
 
 
-def anonymize_events(p: Params, *, project_id: str, selector: str, user_id: str | None,
-                     email: str, limit: int, after: tuple[datetime, str] | None) -> str:
-    """The batch statement: at most ``limit`` events of the project chosen by ``selector`` (SQL
-    over alias ``e`` whose values ``p`` already holds), newest first after the key ``after``,
-    lose the user: ``user_id`` (its id in ``user_id``, ``actor_id``, ``target_id`` becomes
-    null) and ``email`` (any case; in the description and every metadata value, as the id too,
-    it becomes :data:`REDACTED`). An event that was the user's (by ``user_id`` or ``actor_id``)
-    also loses its client address and user agent (the columns, and metadata ``ip``,
-    ``user_agent``, ``device``). Returns the keys of the events it changed."""
+def naming_events(p: Params, *, project_id: str, selectors: list[str], limit: int) -> str:
+    """The keys ``(created_at, id)`` of at most ``limit`` events of the project that any of
+    ``selectors`` (SQL over alias ``e`` whose values ``p`` holds) chooses, newest first."""
+    branches = " UNION ".join(
+        f"(SELECT e.created_at, e.id FROM audit_events e"
+        f" WHERE e.project_id = {p(project_id)} AND ({selector}))" for selector in selectors)
+    return f"SELECT created_at, id FROM ({branches}) k ORDER BY created_at DESC, id DESC LIMIT {p(limit)}"
+
+
+def anonymize_events(p: Params, *, project_id: str, user_id: str | None, email: str,
+                     keys: list[tuple[datetime, str]]) -> str:
+    """The batch statement: the project's events of ``keys`` lose the user: ``user_id`` (its id
+    in ``user_id``, ``actor_id``, ``target_id`` becomes null) and ``email`` (any case; in the
+    description and every metadata value, as the id too, it becomes :data:`REDACTED`). An
+    event that was the user's (by ``user_id`` or ``actor_id``) also loses its client address
+    and user agent (the columns, and metadata ``ip``, ``user_agent``, ``device``). Events are
+    found by primary key: the indexes that chose them hold an entry per row version until
+    VACUUM, and a statement reading them again for each batch would read every earlier
+    batch's entries too."""
     email_re = p(like_regex(email))
 
     def scrub(expr: str) -> str:
@@ -228,16 +238,11 @@ def anonymize_events(p: Params, *, project_id: str, selector: str, user_id: str 
         return f"CASE WHEN e.{column} = {p(user_id)} THEN NULL ELSE {scrub('e.' + column)} END"
 
     own = "FALSE" if user_id is None else f"(e.user_id = {p(user_id)} OR e.actor_id = {p(user_id)})"
-    keyset = ("" if after is None else
-              f" AND (e.created_at, e.id) < ({p(after[0])}::timestamptz, {p(after[1])})")
+    user = "e.user_id" if user_id is None else \
+        f"CASE WHEN e.user_id = {p(user_id)} THEN NULL ELSE e.user_id END"
     return f"""
-WITH batch AS (
-    SELECT e.created_at, e.id FROM audit_events e
-    WHERE e.project_id = {p(project_id)} AND ({selector}){keyset}
-    ORDER BY e.created_at DESC, e.id DESC LIMIT {p(limit)}
-)
 UPDATE audit_events e SET
-    user_id = {'e.user_id' if user_id is None else f'CASE WHEN e.user_id = {p(user_id)} THEN NULL ELSE e.user_id END'},
+    user_id = {user},
     actor_id = {forget('actor_id')},
     target_id = {forget('target_id')},
     ip = CASE WHEN {own} THEN NULL ELSE e.ip END,
@@ -246,8 +251,9 @@ UPDATE audit_events e SET
     metadata = CASE WHEN {own}
                     THEN {scrub('e.metadata::text')}::jsonb - 'ip' - 'user_agent' - 'device'
                     ELSE {scrub('e.metadata::text')}::jsonb END
-FROM batch WHERE e.created_at = batch.created_at AND e.id = batch.id
-RETURNING e.created_at, e.id"""
+FROM unnest({p([k[0] for k in keys])}::timestamptz[], {p([k[1] for k in keys])}::text[])
+     AS batch (created_at, id)
+WHERE e.created_at = batch.created_at AND e.id = batch.id AND e.project_id = {p(project_id)}"""
 
 
 def by_user(p: Params, user_id: str) -> str:

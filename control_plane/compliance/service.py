@@ -30,6 +30,7 @@ record that the request was honoured.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import logging
@@ -58,6 +59,10 @@ BATCH: Final = 2000
 LEASE: Final = timedelta(seconds=60)
 """How long a process may go without a batch before another takes the deletion over."""
 HISTORY: Final = ("audit_events", "risk_decisions")
+LANES: Final = 2
+"""Connections anonymizing a user's events side by side."""
+ROUND: Final = 100_000
+"""Events whose keys are read at once (then anonymized in batches)."""
 
 
 def _dsr(row: asyncpg.Record) -> Dsr:
@@ -163,30 +168,50 @@ async def _delete(conn: asyncpg.Connection, row: asyncpg.Record) -> asyncpg.Reco
 async def anonymize(pool: asyncpg.Pool, actor: Actor, row: asyncpg.Record) -> asyncpg.Record:
     """Anonymize the history of the ``in_progress`` deletion ``row`` (whose lease the caller
     holds) batch after batch, then mark it fulfilled with ``dsr.fulfilled``; the request as it
-    ends. Every pass stops at a short batch; an event already scrubbed no longer matches."""
+    ends. An event already scrubbed no longer matches, so rounds go on until none is found."""
     dsr_id, project_id = row["id"], row["project_id"]
     user_id, email, before = row["user_id"], row["user_email"], row["deleted_at"]
 
-    async def events(selector: Callable[[Params], str], *, keyset: bool) -> None:
-        after = None
-        while True:
+    async with pool.acquire() as conn:
+        mention = await audit.mentions(conn, email)
+    selectors: list[Callable[[Params], str]] = [
+        # Events written before the deletion that name the address: as metadata
+        # ``user_email`` (its own index), or in the text a ``q`` search reads (trigrams).
+        lambda p: repository.by_email_field(p, email, before),
+        lambda p: f"{mention(p)} AND e.created_at < {p(before)}",
+    ]
+    if user_id is not None:
+        selectors += [lambda p: repository.by_user(p, user_id),
+                      lambda p: repository.by_actor(p, user_id)]
+
+    async def scrub(keys: list[tuple[datetime, str]]) -> None:
+        for start in range(0, len(keys), BATCH):
+            batch = keys[start:start + BATCH]
             async with pool.acquire() as conn, conn.transaction():
                 p = Params()
-                sql = repository.anonymize_events(
-                    p, project_id=project_id, selector=selector(p), user_id=user_id, email=email,
-                    limit=BATCH, after=after if keyset else None)
-                changed = await conn.fetch(sql, *p.values)
-                if changed:
-                    await repository.progress(conn, dsr_id, "audit_events", len(changed), LEASE)
-            if len(changed) < BATCH:
-                return
-            after = min((r["created_at"], r["id"]) for r in changed)
+                await conn.execute(repository.anonymize_events(
+                    p, project_id=project_id, user_id=user_id, email=email, keys=batch), *p.values)
+                await repository.progress(conn, dsr_id, "audit_events", len(batch), LEASE)
 
+    # Rounds: the keys of what names the user (a scrubbed event no longer matches, so a round
+    # finds only what is left, or what a request racing the deletion wrote), then those
+    # events in batches, LANES of them side by side (PostgreSQL's index upkeep is most of it).
+    scrubbed: set[tuple[datetime, str]] = set()
+    while True:
+        async with pool.acquire() as conn:
+            p = Params()
+            sql = repository.naming_events(p, project_id=project_id,
+                                           selectors=[s(p) for s in selectors], limit=ROUND)
+            keys = [(r["created_at"], r["id"]) for r in await conn.fetch(sql, *p.values)]
+        if not keys:
+            break
+        if scrubbed.issuperset(keys):  # scrubbed and still matching: nothing more this can change
+            log.error("data-subject deletion %s: %d events still name the user after "
+                      "anonymization", dsr_id, len(keys))
+            break
+        scrubbed.update(keys)
+        await asyncio.gather(*(scrub(keys[lane::LANES]) for lane in range(LANES)))
     if user_id is not None:
-        # The user's own events: once scrubbed they no longer match, so no position is kept
-        # (and an event written by a request that raced the deletion is still found).
-        await events(lambda p: repository.by_user(p, user_id), keyset=False)
-        await events(lambda p: repository.by_actor(p, user_id), keyset=False)
         while True:
             async with pool.acquire() as conn, conn.transaction():
                 status = await conn.execute(repository.ANONYMIZE_DECISIONS, project_id, user_id,
@@ -196,12 +221,6 @@ async def anonymize(pool: asyncpg.Pool, actor: Actor, row: asyncpg.Record) -> as
                     await repository.progress(conn, dsr_id, "risk_decisions", count, LEASE)
             if count < BATCH:
                 break
-    # Events written before the deletion that name the address: as metadata ``user_email``
-    # (its own index), or in the text a ``q`` search reads (the trigram index).
-    await events(lambda p: repository.by_email_field(p, email, before), keyset=True)
-    async with pool.acquire() as conn:
-        mention = await audit.mentions(conn, email)
-    await events(lambda p: f"{mention(p)} AND e.created_at < {p(before)}", keyset=True)
 
     async with pool.acquire() as conn, conn.transaction():
         done = await repository.finish(conn, dsr_id)
