@@ -79,8 +79,8 @@ async def test_a_deletion_killed_between_batches_is_finished_elsewhere(
         await db.execute("UPDATE dsr_requests SET locked_until = now() WHERE id = $1", dsr_id)
         async with serve_process(http, env, "control-plane") as b:
             async def fulfilled() -> bool:
-                return await db.fetchval("SELECT status FROM dsr_requests WHERE id = $1",
-                                         dsr_id) == "fulfilled"
+                status = await db.fetchval("SELECT status FROM dsr_requests WHERE id = $1", dsr_id)
+                return bool(status == "fulfilled")
             await eventually(fulfilled, within=60, what="the deletion finished by another process")
             shown = await b.api.with_key(project.key).get(f"/v1/compliance/dsr/{dsr_id}")
             assert shown.body["status"] == "fulfilled"

@@ -13,66 +13,17 @@ revoked; and the address registers again as a new user.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
-from aiohttp import web
 
+from tests.compliance.helpers import failing_receiver, naming
 from tests.fixtures.database import events
 from tests.fixtures.identity import add_member, email, make_org, session_call, sign_in
 from tests.fixtures.service import Project, eventually
 from tests.fixtures.webauthn import SoftAuthenticator
 
 RP_ID, ORIGIN = "localhost", "http://localhost:8443"
-KEPT: frozenset[str] = frozenset({"dsr_requests"})
-"""Tables that may name the user afterwards: the request itself, the record that it was done."""
-TEXT_TYPES = ("text", "character varying", "jsonb", "json", "ARRAY")
-
-
-@contextlib.asynccontextmanager
-async def failing_receiver() -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A webhook receiver on loopback that answers 500 to everything; yields its URL and the
-    bodies it was sent."""
-    bodies: list[bytes] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        bodies.append(await request.read())
-        return web.Response(status=500)
-
-    app = web.Application()
-    app.router.add_post("/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}/hooks", bodies
-    finally:
-        await runner.cleanup()
-
-
-async def naming(db: asyncpg.Pool, needles: list[str]) -> list[str]:
-    """``table.column`` of every row, in every table of the schema, whose text holds one of
-    ``needles`` (case-insensitively)."""
-    columns = await db.fetch(
-        """SELECT c.table_name, c.column_name FROM information_schema.columns c
-           JOIN pg_class k ON k.relname = c.table_name AND k.relkind IN ('r', 'p')
-           JOIN pg_namespace n ON n.oid = k.relnamespace AND n.nspname = c.table_schema
-           WHERE c.table_schema = current_schema() AND c.data_type = ANY($1::text[])""",
-        list(TEXT_TYPES))
-    assert len({c["table_name"] for c in columns}) > 30  # the walk covers the schema
-    found = []
-    for c in columns:
-        table, column = c["table_name"], c["column_name"]
-        hits = await db.fetchval(
-            f'SELECT count(*) FROM "{table}" WHERE "{column}"::text ILIKE ANY($1::text[])',
-            [f"%{n}%" for n in needles])
-        if hits:
-            found.append(f"{table}.{column}")
-    return found
 
 
 async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: asyncpg.Pool) -> None:

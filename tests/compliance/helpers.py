@@ -1,0 +1,58 @@
+"""Helpers of the compliance tests: a webhook receiver that fails everything, and the walk over
+every text column of the schema that finds what still names a user."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import asyncpg
+from aiohttp import web
+
+KEPT: frozenset[str] = frozenset({"dsr_requests"})
+"""Tables that may name the user afterwards: the request itself, the record that it was done."""
+TEXT_TYPES = ("text", "character varying", "jsonb", "json", "ARRAY")
+
+
+@contextlib.asynccontextmanager
+async def failing_receiver() -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A webhook receiver on loopback that answers 500 to everything; yields its URL and the
+    bodies it was sent."""
+    bodies: list[bytes] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        bodies.append(await request.read())
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}/hooks", bodies
+    finally:
+        await runner.cleanup()
+
+
+async def naming(db: asyncpg.Pool, needles: list[str]) -> list[str]:
+    """``table.column`` of every row, in every table of the schema, whose text holds one of
+    ``needles`` (case-insensitively)."""
+    columns = await db.fetch(
+        """SELECT c.table_name, c.column_name FROM information_schema.columns c
+           JOIN pg_class k ON k.relname = c.table_name AND k.relkind IN ('r', 'p')
+           JOIN pg_namespace n ON n.oid = k.relnamespace AND n.nspname = c.table_schema
+           WHERE c.table_schema = current_schema() AND c.data_type = ANY($1::text[])""",
+        list(TEXT_TYPES))
+    assert len({c["table_name"] for c in columns}) > 30  # the walk covers the schema
+    found = []
+    for c in columns:
+        table, column = c["table_name"], c["column_name"]
+        hits = await db.fetchval(
+            f'SELECT count(*) FROM "{table}" WHERE "{column}"::text ILIKE ANY($1::text[])',
+            [f"%{n}%" for n in needles])
+        if hits:
+            found.append(f"{table}.{column}")
+    return found
