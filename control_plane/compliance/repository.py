@@ -159,6 +159,12 @@ WHERE project_id = {project} AND (lower(destination) = lower({email}) OR destina
     ("risk_known", "DELETE FROM risk_known WHERE user_id = {user}"),
     ("risk_last_locations", "DELETE FROM risk_last_locations WHERE user_id = {user}"),
     ("users", "DELETE FROM users WHERE id = {user}"),
+    # An export made earlier holds a copy of everything: its document goes, its digest and URL
+    # stay as the record that it was made.
+    ("export_documents", """
+UPDATE dsr_requests SET document = NULL
+WHERE project_id = {project} AND request_type = 'export' AND lower(user_email) = lower({email})
+  AND document IS NOT NULL"""),
 )
 FORGET_INVITER: Final = """
 UPDATE invitations SET created_by = NULL WHERE project_id = {project} AND created_by = {user}"""

@@ -9,9 +9,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 from aiohttp import web
 
-KEPT: frozenset[str] = frozenset({"dsr_requests"})
-"""Tables that may name the user afterwards: the request itself, the record that it was done."""
-TEXT_TYPES = ("text", "character varying", "jsonb", "json", "ARRAY")
+TEXT_TYPES = ("text", "character varying", "jsonb", "json", "ARRAY", "bytea")
 
 
 @contextlib.asynccontextmanager
@@ -39,9 +37,9 @@ async def failing_receiver() -> AsyncIterator[tuple[str, list[bytes]]]:
 
 async def naming(db: asyncpg.Pool, needles: list[str]) -> list[str]:
     """``table.column`` of every row, in every table of the schema, whose text holds one of
-    ``needles`` (case-insensitively)."""
+    ``needles`` (case-insensitively; a ``bytea`` column: whose bytes hold one, as UTF-8)."""
     columns = await db.fetch(
-        """SELECT c.table_name, c.column_name FROM information_schema.columns c
+        """SELECT c.table_name, c.column_name, c.data_type FROM information_schema.columns c
            JOIN pg_class k ON k.relname = c.table_name AND k.relkind IN ('r', 'p')
            JOIN pg_namespace n ON n.oid = k.relnamespace AND n.nspname = c.table_schema
            WHERE c.table_schema = current_schema() AND c.data_type = ANY($1::text[])""",
@@ -50,9 +48,14 @@ async def naming(db: asyncpg.Pool, needles: list[str]) -> list[str]:
     found = []
     for c in columns:
         table, column = c["table_name"], c["column_name"]
-        hits = await db.fetchval(
-            f'SELECT count(*) FROM "{table}" WHERE "{column}"::text ILIKE ANY($1::text[])',
-            [f"%{n}%" for n in needles])
+        if c["data_type"] == "bytea":  # as bytes: sealed values show nothing, plain ones do
+            hits = await db.fetchval(
+                f'SELECT count(*) FROM "{table}" t WHERE EXISTS (SELECT 1 FROM unnest($1::text[]) n'
+                f' WHERE position(convert_to(n, \'UTF8\') IN t."{column}") > 0)', needles)
+        else:
+            hits = await db.fetchval(
+                f'SELECT count(*) FROM "{table}" WHERE "{column}"::text ILIKE ANY($1::text[])',
+                [f"%{n}%" for n in needles])
         if hits:
             found.append(f"{table}.{column}")
     return found
