@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Final, Literal
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Literal
 
 import asyncpg
 from aiohttp import web
@@ -25,4 +25,10 @@ Readiness = Literal["ready", "stale", "not_ready"]
 # Each service appends a probe; /readyz answers 503 when one says not_ready, else 200 with
 # status "stale" when one says stale, else "ready".
 READINESS: Final = web.AppKey("readiness", list[Callable[[], Readiness]])
+READINESS_DETAIL: Final = web.AppKey("readiness_detail",
+                                     dict[str, Callable[[], Awaitable[Any]]])
+"""What a ready ``/readyz`` shows besides its status: each entry's value (JSON) under its name in
+``detail``. Informative only: readiness is the probes' alone, and an entry that fails is shown
+as null. An entry answers quickly and reads nothing on every call (probes come every few
+seconds): it shows what it last learnt."""
 RESOURCES_INSTALLED: Final = web.AppKey("resources_installed", bool)

@@ -3,7 +3,8 @@
 DESIGN.md "Conventions": ``ten_``, ``proj_``, ``key_``, ``user_``, ``org_``, ``mem_``, ``inv_``,
 ``sess_``, ``store_``, ``dsr_``, ``evt_``, ``whep_``, ``strm_``, ``rd_``, ``chal_``, ``req_``; and
 ours for records the spec does not name: ``msg_`` (outbox messages), ``kid_`` (signing key ids),
-``pk_`` (passkeys), ``dlv_`` (webhook deliveries).
+``pk_`` (passkeys), ``dlv_`` (webhook deliveries), ``inc_`` (incidents), ``mw_`` (maintenance
+windows).
 ULIDs sort by creation time (millisecond precision), which keyset pagination relies on.
 """
 
@@ -18,14 +19,15 @@ from ulid import ULID
 
 PREFIXES: Final = frozenset(
     {"ten", "proj", "key", "user", "org", "mem", "inv", "sess", "store", "dsr", "evt", "whep",
-     "strm", "rd", "chal", "req", "msg", "kid", "pk", "dlv"}
+     "strm", "rd", "chal", "req", "msg", "kid", "pk", "dlv", "inc", "mw"}
 )
 _ID_RE: Final = re.compile(r"([a-z]+)_([0-9a-hjkmnp-tv-z]{26})")
 
 PATH_IDS: Final = {"store_id": "store", "key_id": "key", "user_id": "user", "org_id": "org",
                    "membership_id": "mem", "invitation_id": "inv", "passkey_id": "pk",
                    "decision_id": "rd", "endpoint_id": "whep", "delivery_id": "dlv",
-                   "stream_id": "strm", "dsr_id": "dsr"}
+                   "stream_id": "strm", "dsr_id": "dsr", "incident_id": "inc",
+                   "window_id": "mw"}
 """The path parameters of the API, each naming a resource by its id, and the prefix of that id
 (the routes declare no others; the OpenAPI document gives each the pattern of :func:`id_pattern`)."""
 

@@ -24,6 +24,7 @@ from common.appkeys import (
     AUTHENTICATOR,
     PG_POOL,
     READINESS,
+    READINESS_DETAIL,
     REDIS,
     RESOURCES_INSTALLED,
     SETTINGS,
@@ -56,6 +57,7 @@ def base_app(settings: Settings) -> web.Application:
                           client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
     app[READINESS] = []
+    app[READINESS_DETAIL] = {}
     app[RESOURCES_INSTALLED] = False
     health_routes.mount(app.router)
     return app
@@ -223,16 +225,37 @@ async def healthz(request: web.Request) -> web.Response:
     return json_response(request, Health("ok"))
 
 
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """Serving: ``ready``, or ``stale`` (``Health``). ``detail`` holds what the services hosted
+    here report beside it, never a reason not to serve: the control plane's ``maintenance``,
+    ``{"in_progress": [{"id", "title", "started_at", "ends_at"}], "as_of"}``, lists the
+    maintenance windows under way (of every project), as read at ``as_of`` (a few seconds ago
+    at most, unless PostgreSQL is away). An entry that failed is null."""
+
+    status: Literal["ready", "stale"]
+    detail: dict[str, Any]
+
+
 @health_routes.route("GET", "/readyz", errors=(NotReady,),
-                     replies=[Reply(200, "Ready to serve (`status` `ready` or `stale`).", Health)])
+                     replies=[Reply(200, "Ready to serve (`status` `ready` or `stale`), with "
+                                         "`detail`.", Ready)])
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: every service hosted here can serve (the engine: its stores are loaded).
 
     ``status`` is ``stale`` while the engine cannot follow the change log (PostgreSQL
     unreachable) and answers checks from memory; it still counts as ready, so that a readiness
     probe does not take every engine out of service during a database outage. ``not_ready`` (503)
-    until the stores are loaded."""
+    until the stores are loaded. ``detail`` reports what is going on without deciding readiness:
+    the maintenance windows in progress."""
     states = [probe() for probe in request.app[READINESS]]
     if "not_ready" in states:
         raise NotReady()
-    return json_response(request, Health("stale" if "stale" in states else "ready"))
+    detail: dict[str, Any] = {}
+    for name, report in request.app[READINESS_DETAIL].items():
+        try:
+            detail[name] = await report()
+        except Exception:  # informative only: never a reason not to answer ready
+            log.exception("readiness detail %s failed", name)
+            detail[name] = None
+    return json_response(request, Ready("stale" if "stale" in states else "ready", detail))

@@ -5,6 +5,8 @@ Every domain's ``endpoints.routes`` is mounted from :func:`route_tables`; every 
 ``tasks.workers`` runs from ``_workers``; every resource of the control plane is opened and
 closed in ``_resources``. ``GET /openapi.json`` serves the document of every route of the
 service (the engine's too: production routes ``/openapi.json`` to the control plane).
+``GET /readyz`` shows the maintenance windows in progress in its detail
+(``compliance.service.MaintenanceBoard``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Final
 
 from aiohttp import web
 
-from common.appkeys import PG_POOL, REDIS, SETTINGS
+from common.appkeys import PG_POOL, READINESS_DETAIL, REDIS, SETTINGS
 from common.openapi import build_document, document_json
 from common.routing import Reply, RouteTable, operations
 from common.runtime import base_app, health_routes, install_resources
@@ -28,6 +30,7 @@ from control_plane.appkeys import (
     KEYRING,
     KMS,
     MAILBOX,
+    MAINTENANCE_BOARD,
     OAUTH,
     OPENAPI,
     RISK,
@@ -40,6 +43,7 @@ from control_plane.authz import endpoints as authz
 from control_plane.authz import tasks as authz_tasks
 from control_plane.compliance import endpoints as compliance
 from control_plane.compliance import tasks as compliance_tasks
+from control_plane.compliance.service import MaintenanceBoard
 from control_plane.kms import LocalKms
 from control_plane.magic_links import endpoints as magic_links
 from control_plane.magic_links import tasks as magic_link_tasks
@@ -170,6 +174,8 @@ def setup_control_plane(app: web.Application) -> None:
     if uses_console(settings):
         app[MAILBOX] = ConsoleSink()
     app[OPENAPI] = openapi_document(dev_mailbox=settings.serves_dev_mailbox)
+    board = app[MAINTENANCE_BOARD] = MaintenanceBoard()
+    app[READINESS_DETAIL]["maintenance"] = lambda: board.detail(app.get(PG_POOL))
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(_workers)
     for table in route_tables(settings):

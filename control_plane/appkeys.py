@@ -9,6 +9,7 @@ from typing import Final
 
 from aiohttp import web
 
+from control_plane.compliance.service import MaintenanceBoard
 from control_plane.kms import LocalKms
 from control_plane.magic_links.service import SendLimits
 from control_plane.messages.senders import ConsoleSink
@@ -35,5 +36,7 @@ RISK: Final = web.AppKey("risk", RiskEngine)
 (``control_plane.risk.service``)."""
 MAILBOX: Final = web.AppKey("dev_mailbox", ConsoleSink)
 """The console message sink, present when a channel uses it (the development mailbox)."""
+MAINTENANCE_BOARD: Final = web.AppKey("maintenance_board", MaintenanceBoard)
+"""The started maintenance windows ``GET /readyz`` shows (``control_plane.compliance.service``)."""
 OPENAPI: Final = web.AppKey("openapi_document", bytes)
 """The service's OpenAPI document, serialized (``control_plane.app.openapi_document``)."""

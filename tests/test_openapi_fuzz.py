@@ -29,8 +29,9 @@ reason and told by the answer's error, never by its status alone), and ``request
 What the document cannot say is given to the cases (``prepare``):
 
 * which ids exist: a case meant as valid gets the ids of resources made for its operation (a
-  store, a user, an organization with a membership and an invitation, an API key), so it
-  reaches the route's rules instead of stopping at 404;
+  store, a user, an organization with a membership and an invitation, an API key, an
+  incident, a maintenance window, ...), so it reaches the route's rules instead of stopping at
+  404;
 * which project a public route is for: the live project, in ``project_id``; the project has a
   passkey relying party, so passkey options calls answer options;
 * a listing's ``cursor``, which is signed: a valid case starts at the first page;
@@ -47,6 +48,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -215,6 +217,11 @@ async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
     r = await api.post("/v1/compliance/dsr", {"request_type": "export", "user_email": address})
     assert r.status == 201, r.body
     ids["dsr_id"] = r.body["dsr_id"]
+    ids["incident_id"] = await make("/v1/incidents", {"severity": "sev2", "title": "Fuzz incident"})
+    now = datetime.now(UTC)
+    ids["window_id"] = await make("/v1/maintenance-windows", {
+        "title": "Fuzz window", "starts_at": (now + timedelta(hours=1)).isoformat(),
+        "ends_at": (now + timedelta(hours=2)).isoformat()})
     # A risk decision: a sign-in's (the listing is newest first).
     await signed_in(project, email())
     r = await api.get("/v1/risk/decisions?limit=1")
@@ -365,6 +372,26 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
      "take an issuer: rules on a URL's host and on the path, beyond a pattern",
      lambda case, r: bool(refused_fields(r)) and all(
          f == "issuer" or f.startswith("redirect_uris") for f, _ in refused_fields(r))),
+    ("an incident's detected_at and notified_at may not be in the future, a maintenance "
+     "window's ends_at not in the past: a time compared with the clock",
+     lambda case, r: bool(refused_fields(r)) and all(
+         (f in ("detected_at", "notified_at") and m == "must not be in the future")
+         or (f == "ends_at" and m == "must not be in the past") for f, m in refused_fields(r))),
+    ("a maintenance window ends after it starts, and an incident is not notified before it was "
+     "detected: two times compared (the stored one when a PATCH gives one)",
+     lambda case, r: bool(refused_fields(r)) and all(
+         (f, m) in (("ends_at", "must be later than starts_at"),
+                    ("starts_at", "must be earlier than ends_at"),
+                    ("notified_at", "must not be earlier than detected_at"))
+         for f, m in refused_fields(r))),
+    ("a maintenance window goes scheduled, in_progress, completed in that order, its start "
+     "is fixed once started and nothing changes once completed: the state of a window, as 404 "
+     "is for an id (fuzzed PATCHes start and complete it)",
+     lambda case, r: bool(refused_fields(r)) and all(
+         (f == "status" and m.startswith("cannot go from "))
+         or m in ("cannot change once the window has started",
+                  "cannot change once the window is completed")
+         for f, m in refused_fields(r))),
 ]
 """Refusals of requests the document calls valid, which the document cannot rule out: why, and
 how to tell each (never just a status)."""

@@ -1,2 +1,2 @@
-"""Compliance (DESIGN.md "compliance"): data-subject requests, and later incidents and
-maintenance windows."""
+"""Compliance (DESIGN.md "compliance"): data-subject requests, incidents with their notification
+deadlines, and maintenance windows."""

@@ -1,5 +1,6 @@
 """Compliance SQL: data-subject requests (``dsr_requests``, migration 0013), the rows a deletion
-removes, the history it anonymizes in batches, and what an export gathers."""
+removes, the history it anonymizes in batches, and what an export gathers; incidents and
+maintenance windows (``incidents``, ``maintenance_windows``, migration 0014)."""
 
 from __future__ import annotations
 
@@ -331,3 +332,121 @@ UNION ALL
 SELECT {columns} FROM audit_events e
 WHERE e.project_id = $2 AND e.actor_id = $1 AND e.user_id IS DISTINCT FROM $1
 ORDER BY created_at, id"""
+
+
+# --- incidents ---------------------------------------------------------------------------------
+
+INCIDENT_COLUMNS: Final = (
+    "id, project_id, severity, title, description, personal_data, affected_projects, status, "
+    "detected_at, notify_by, notified_at, created_at, updated_at, resolved_at"
+)
+INCIDENT_FIELDS: Final = frozenset({"severity", "title", "description", "personal_data",
+                                    "affected_projects", "notify_by", "notified_at"})
+"""The columns a change may set (the service's names, never user input)."""
+INCIDENT_OVERDUE: Final = "(notify_by IS NOT NULL AND notified_at IS NULL AND notify_by < now())"
+
+
+async def insert_incident(conn: asyncpg.Connection, *, incident_id: str, project_id: str,
+                          severity: str, title: str, description: str | None,
+                          personal_data: bool, affected_projects: list[str],
+                          detected_at: datetime, notify_by: datetime | None) -> asyncpg.Record:
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""INSERT INTO incidents (id, project_id, severity, title, description, personal_data,
+                                   affected_projects, detected_at, notify_by)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING {INCIDENT_COLUMNS}""",
+        incident_id, project_id, severity, title, description, personal_data, affected_projects,
+        detected_at, notify_by)
+    return row
+
+
+async def find_incident(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                        incident_id: str, *, lock: bool = False) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"SELECT {INCIDENT_COLUMNS} FROM incidents WHERE id = $1 AND project_id = $2"
+        + (" FOR UPDATE" if lock else ""), incident_id, project_id)
+    return row
+
+
+async def update_incident(conn: asyncpg.Connection, incident_id: str, changes: dict[str, Any],
+                          *, resolve: bool) -> asyncpg.Record:
+    """Set ``changes`` (columns of :data:`INCIDENT_FIELDS`) and, with ``resolve``, resolve it
+    now."""
+    assert INCIDENT_FIELDS.issuperset(changes)
+    p = Params()
+    sets = [f"{column} = {p(value)}" for column, value in changes.items()]
+    if resolve:
+        sets += ["status = 'resolved'", "resolved_at = now()"]
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""UPDATE incidents SET {', '.join([*sets, 'updated_at = now()'])}
+            WHERE id = {p(incident_id)} RETURNING {INCIDENT_COLUMNS}""", *p.values)
+    return row
+
+
+def incident_condition(p: Params, *, status: str | None, severity: str | None,
+                       overdue: bool | None) -> str:
+    """The incident listing's filters, ``TRUE`` for none."""
+    conds = ["TRUE"]
+    if status is not None:
+        conds.append(f"status = {p(status)}")
+    if severity is not None:
+        conds.append(f"severity = {p(severity)}")
+    if overdue is not None:
+        conds.append(f"{'' if overdue else 'NOT '}{INCIDENT_OVERDUE}")
+    return " AND ".join(conds)
+
+
+# --- maintenance windows -----------------------------------------------------------------------
+
+WINDOW_COLUMNS: Final = (
+    "id, project_id, title, description, status, starts_at, ends_at, started_at, completed_at, "
+    "created_at, updated_at"
+)
+WINDOW_FIELDS: Final = frozenset({"title", "description", "starts_at", "ends_at"})
+"""The columns a change may set besides the status (the service's names, never user input)."""
+
+
+async def insert_window(conn: asyncpg.Connection, *, window_id: str, project_id: str, title: str,
+                        description: str | None, starts_at: datetime,
+                        ends_at: datetime) -> asyncpg.Record:
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""INSERT INTO maintenance_windows (id, project_id, title, description, starts_at, ends_at)
+            VALUES ($1, $2, $3, $4, $5, $6) RETURNING {WINDOW_COLUMNS}""",
+        window_id, project_id, title, description, starts_at, ends_at)
+    return row
+
+
+async def find_window(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, window_id: str,
+                      *, lock: bool = False) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"SELECT {WINDOW_COLUMNS} FROM maintenance_windows WHERE id = $1 AND project_id = $2"
+        + (" FOR UPDATE" if lock else ""), window_id, project_id)
+    return row
+
+
+async def update_window(conn: asyncpg.Connection, window_id: str, changes: dict[str, Any], *,
+                        status: str | None) -> asyncpg.Record:
+    """Set ``changes`` (columns of :data:`WINDOW_FIELDS`) and move to ``status`` now (its
+    ``started_at`` or ``completed_at``) when given."""
+    assert WINDOW_FIELDS.issuperset(changes)
+    p = Params()
+    sets = [f"{column} = {p(value)}" for column, value in changes.items()]
+    if status == "in_progress":
+        sets += ["status = 'in_progress'", "started_at = now()"]
+    elif status == "completed":
+        sets += ["status = 'completed'", "completed_at = now()"]
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""UPDATE maintenance_windows SET {', '.join([*sets, 'updated_at = now()'])}
+            WHERE id = {p(window_id)} RETURNING {WINDOW_COLUMNS}""", *p.values)
+    return row
+
+
+def window_condition(p: Params, *, status: str | None) -> str:
+    """The window listing's filter, ``TRUE`` for none."""
+    return "TRUE" if status is None else f"status = {p(status)}"
+
+
+IN_PROGRESS: Final = """
+SELECT id, title, started_at, ends_at FROM maintenance_windows
+WHERE status = 'in_progress' ORDER BY started_at, id LIMIT $1"""
+"""Every project's started windows, oldest first (the partial index
+``maintenance_windows_in_progress``): what ``GET /readyz`` shows."""

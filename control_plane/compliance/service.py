@@ -26,6 +26,20 @@ metadata value, the description, actor and target) and the user's own events los
 address and user agent. Events that merely mention the address (an invitation to it) lose the
 address and keep the rest. The request itself keeps the e-mail and the user's id: it is the
 record that the request was honoured.
+
+Incidents and maintenance windows (SPEC.md 6 ``incident.*``, ``maintenance.*``, 8 breach
+notification), each change with its audit event in its transaction, so webhook subscribers and
+streams receive them like any event:
+
+* :func:`create_incident` (``incident.created``), :func:`update_incident` (``incident.updated``
+  naming the fields that changed, or ``incident.resolved``; a change that changes nothing, such
+  as resolving a resolved incident, records nothing). Every event carries the incident's
+  notification deadline (:func:`notify_by`) and whether it is overdue.
+* :func:`schedule_window` (``maintenance.scheduled``), :func:`update_window`
+  (``maintenance.started``, ``maintenance.completed``; ``maintenance.updated`` for a change of
+  title, description or times alone). Windows go scheduled, in progress, completed, in that
+  order only.
+* :class:`MaintenanceBoard`: every project's started windows, as ``GET /readyz`` shows them.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ import asyncio
 import base64
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -46,7 +61,23 @@ from common.errors import InvalidRequest, NotFound
 from common.ids import is_id, new_id
 from control_plane.audit import service as audit
 from control_plane.compliance import repository
-from control_plane.compliance.schemas import Dsr, DsrBody, DsrQuery, FulfilBody, Fulfilment
+from control_plane.compliance.schemas import (
+    LATER_THAN_STARTS,
+    Dsr,
+    DsrBody,
+    DsrQuery,
+    FulfilBody,
+    Fulfilment,
+    Incident,
+    IncidentBody,
+    IncidentPatch,
+    IncidentQuery,
+    MaintenanceWindow,
+    Severity,
+    WindowBody,
+    WindowPatch,
+    WindowQuery,
+)
 from control_plane.sessions import service as sessions
 from control_plane.web.actor import Actor
 from control_plane.web.pagination import Listing, Page, page_by_id
@@ -269,3 +300,311 @@ async def _export(conn: asyncpg.Connection, actor: Actor, row: asyncpg.Record,
         metadata={"request_type": "export", "output_artifact_url": url, "sha256": digest,
                   "counts": counts})
     return _answer(done, raw)
+
+
+def _rfc3339(value: datetime | None) -> str | None:
+    """A time as the API writes it (UTC, ``Z``), for an event's metadata."""
+    return None if value is None else value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+# --- incidents ---------------------------------------------------------------------------------
+
+INCIDENTS_LISTING: Final = "incidents"
+SEV1_NOTICE: Final = timedelta(hours=4)
+"""SPEC.md 8: the highest-severity incidents are notified within 4 hours of detection."""
+BREACH_NOTICE: Final = timedelta(hours=72)
+"""SPEC.md 8: personal-data breaches are notified within 72 hours of detection (GDPR art. 33)."""
+
+
+def notify_by(severity: Severity, personal_data: bool, detected_at: datetime) -> datetime | None:
+    """The notification deadline of an incident: the earliest that applies of ``detected_at`` +
+    :data:`SEV1_NOTICE` (``sev1``) and + :data:`BREACH_NOTICE` (personal data); None when
+    neither does."""
+    deadlines = []
+    if severity == "sev1":
+        deadlines.append(detected_at + SEV1_NOTICE)
+    if personal_data:
+        deadlines.append(detected_at + BREACH_NOTICE)
+    return min(deadlines, default=None)
+
+
+def _overdue(row: asyncpg.Record) -> bool:
+    deadline = row["notify_by"]
+    return deadline is not None and row["notified_at"] is None and deadline < datetime.now(UTC)
+
+
+def _incident(row: asyncpg.Record) -> Incident:
+    return Incident(id=row["id"], severity=row["severity"], title=row["title"],
+                    description=row["description"], personal_data=row["personal_data"],
+                    affected_projects=list(row["affected_projects"]), status=row["status"],
+                    detected_at=row["detected_at"], notify_by=row["notify_by"],
+                    notified_at=row["notified_at"], overdue=_overdue(row),
+                    created_at=row["created_at"], updated_at=row["updated_at"],
+                    resolved_at=row["resolved_at"])
+
+
+def _incident_facts(row: asyncpg.Record) -> dict[str, Any]:
+    """What every incident event carries: the deadline and whether it is overdue among them."""
+    return {"severity": row["severity"], "title": row["title"],
+            "personal_data": row["personal_data"],
+            "affected_projects": list(row["affected_projects"]), "status": row["status"],
+            "detected_at": _rfc3339(row["detected_at"]), "notify_by": _rfc3339(row["notify_by"]),
+            "notified_at": _rfc3339(row["notified_at"]), "overdue": _overdue(row)}
+
+
+async def create_incident(conn: asyncpg.Connection, actor: Actor, body: IncidentBody) -> Incident:
+    """An open incident with its notification deadline (``incident.created``); detected now
+    unless ``body.detected_at`` says when, affecting the caller's project unless
+    ``body.affected_projects`` names others."""
+    assert actor.project_id is not None
+    incident_id = new_id("inc")
+    detected_at = body.detected_at or datetime.now(UTC)
+    affected = list(dict.fromkeys(body.affected_projects or [actor.project_id]))
+    async with conn.transaction():
+        row = await repository.insert_incident(
+            conn, incident_id=incident_id, project_id=actor.project_id, severity=body.severity,
+            title=body.title, description=body.description, personal_data=body.personal_data,
+            affected_projects=affected, detected_at=detected_at,
+            notify_by=notify_by(body.severity, body.personal_data, detected_at))
+        await audit.record(
+            conn, actor, action="incident.created", target_type="incident",
+            target_id=incident_id, description=f"Opened {body.severity} incident {incident_id}",
+            metadata=_incident_facts(row))
+    return _incident(row)
+
+
+async def _find_incident(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                         incident_id: str, *, lock: bool = False) -> asyncpg.Record:
+    row = None
+    if is_id(incident_id, "inc"):
+        row = await repository.find_incident(conn, project_id, incident_id, lock=lock)
+    if row is None:
+        raise NotFound("No incident with that id in this project.")
+    return row
+
+
+async def describe_incident(pool: asyncpg.Pool, project_id: str, incident_id: str) -> Incident:
+    """The incident. Raises NotFound (another project's too)."""
+    return _incident(await _find_incident(pool, project_id, incident_id))
+
+
+async def list_incidents(pool: asyncpg.Pool, listing: Listing,
+                         query: IncidentQuery) -> Page[Incident]:
+    """A page of the project's incidents, oldest first. Raises InvalidRequest (cursor)."""
+    return await page_by_id(
+        pool, listing, query, table="incidents", columns=repository.INCIDENT_COLUMNS,
+        row=_incident,
+        where=lambda p: repository.incident_condition(p, status=query.status,
+                                                      severity=query.severity,
+                                                      overdue=query.overdue))
+
+
+async def update_incident(conn: asyncpg.Connection, actor: Actor, *, incident_id: str,
+                          body: IncidentPatch) -> Incident:
+    """Change what ``body`` names; ``status`` ``resolved`` resolves it (``incident.resolved``,
+    else ``incident.updated``, metadata ``changed`` naming the fields that changed). A new
+    severity or ``personal_data`` moves the deadline. Nothing changed (a resolved incident
+    resolved again): no event. Raises NotFound, InvalidRequest (``notified`` with
+    ``notified_at``; ``notified_at`` before ``detected_at``)."""
+    assert actor.project_id is not None
+    given = body.model_fields_set
+    if {"notified", "notified_at"} <= given:
+        raise InvalidRequest.field("notified", "give notified or notified_at, not both")
+    async with conn.transaction():
+        before = await _find_incident(conn, actor.project_id, incident_id, lock=True)
+        wanted: dict[str, Any] = {name: getattr(body, name) for name in
+                                  ("title", "description", "severity", "personal_data")
+                                  if name in given}
+        if body.affected_projects is not None:
+            wanted["affected_projects"] = list(dict.fromkeys(body.affected_projects))
+        if "notified" in given:
+            wanted["notified_at"] = (before["notified_at"] or datetime.now(UTC)) if body.notified \
+                else None
+        elif "notified_at" in given:
+            if body.notified_at is not None and body.notified_at < before["detected_at"]:
+                raise InvalidRequest.field("notified_at", "must not be earlier than detected_at")
+            wanted["notified_at"] = body.notified_at
+        changes = {name: value for name, value in wanted.items() if value != before[name]}
+        deadline = notify_by(changes.get("severity", before["severity"]),
+                             changes.get("personal_data", before["personal_data"]),
+                             before["detected_at"])
+        if deadline != before["notify_by"]:
+            changes["notify_by"] = deadline
+        resolve = body.status == "resolved" and before["status"] != "resolved"
+        if not changes and not resolve:
+            return _incident(before)
+        row = await repository.update_incident(conn, incident_id, changes, resolve=resolve)
+        changed = sorted([*changes, *(["status"] if resolve else [])])
+        action, verb = ("incident.resolved", "Resolved") if resolve else \
+            ("incident.updated", "Updated")
+        await audit.record(
+            conn, actor, action=action, target_type="incident", target_id=incident_id,
+            description=f"{verb} {row['severity']} incident {incident_id}",
+            metadata={**_incident_facts(row), "changed": changed})
+    return _incident(row)
+
+
+# --- maintenance windows -----------------------------------------------------------------------
+
+WINDOWS_LISTING: Final = "maintenance_windows"
+NEXT_STATUS: Final = {"scheduled": "in_progress", "in_progress": "completed"}
+"""The one status each status may move to (completed is the end)."""
+WINDOW_EVENTS: Final = {"in_progress": ("maintenance.started", "Started"),
+                        "completed": ("maintenance.completed", "Completed")}
+
+
+def _window(row: asyncpg.Record) -> MaintenanceWindow:
+    return MaintenanceWindow(id=row["id"], title=row["title"], description=row["description"],
+                             status=row["status"], starts_at=row["starts_at"],
+                             ends_at=row["ends_at"], started_at=row["started_at"],
+                             completed_at=row["completed_at"], created_at=row["created_at"],
+                             updated_at=row["updated_at"])
+
+
+def _window_facts(row: asyncpg.Record) -> dict[str, Any]:
+    return {"title": row["title"], "status": row["status"],
+            "starts_at": _rfc3339(row["starts_at"]), "ends_at": _rfc3339(row["ends_at"]),
+            "started_at": _rfc3339(row["started_at"]),
+            "completed_at": _rfc3339(row["completed_at"])}
+
+
+async def schedule_window(conn: asyncpg.Connection, actor: Actor,
+                          body: WindowBody) -> MaintenanceWindow:
+    """A scheduled window (``maintenance.scheduled``)."""
+    assert actor.project_id is not None
+    window_id = new_id("mw")
+    async with conn.transaction():
+        row = await repository.insert_window(
+            conn, window_id=window_id, project_id=actor.project_id, title=body.title,
+            description=body.description, starts_at=body.starts_at, ends_at=body.ends_at)
+        await audit.record(
+            conn, actor, action="maintenance.scheduled", target_type="maintenance_window",
+            target_id=window_id, description=f"Scheduled maintenance window {window_id}",
+            metadata=_window_facts(row))
+    return _window(row)
+
+
+async def _find_window(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, window_id: str,
+                       *, lock: bool = False) -> asyncpg.Record:
+    row = None
+    if is_id(window_id, "mw"):
+        row = await repository.find_window(conn, project_id, window_id, lock=lock)
+    if row is None:
+        raise NotFound("No maintenance window with that id in this project.")
+    return row
+
+
+async def describe_window(pool: asyncpg.Pool, project_id: str,
+                          window_id: str) -> MaintenanceWindow:
+    """The window. Raises NotFound (another project's too)."""
+    return _window(await _find_window(pool, project_id, window_id))
+
+
+async def list_windows(pool: asyncpg.Pool, listing: Listing,
+                       query: WindowQuery) -> Page[MaintenanceWindow]:
+    """A page of the project's windows, oldest first. Raises InvalidRequest (cursor)."""
+    return await page_by_id(
+        pool, listing, query, table="maintenance_windows", columns=repository.WINDOW_COLUMNS,
+        row=_window, where=lambda p: repository.window_condition(p, status=query.status))
+
+
+async def update_window(conn: asyncpg.Connection, actor: Actor, *, window_id: str,
+                        body: WindowPatch) -> MaintenanceWindow:
+    """Change what ``body`` names (``schemas.WindowPatch``): ``status`` starts
+    (``maintenance.started``) or completes (``maintenance.completed``) the window; other changes
+    alone are ``maintenance.updated``; each event's ``changed`` names what changed, and a body
+    that changes nothing (the status it has) records nothing. Raises NotFound, InvalidRequest
+    naming ``status`` (not the next status), ``starts_at`` (once started), ``ends_at`` (not
+    after ``starts_at``) or the field a completed window was asked to change."""
+    assert actor.project_id is not None
+    given = body.model_fields_set
+    async with conn.transaction():
+        before = await _find_window(conn, actor.project_id, window_id, lock=True)
+        current = before["status"]
+        target = body.status if body.status not in (None, current) else None
+        if target is not None and NEXT_STATUS.get(current) != target:
+            raise InvalidRequest.field(
+                "status", f"cannot go from {current} to {target} (a window goes scheduled, "
+                          "in_progress, completed, in that order)")
+        changes: dict[str, Any] = {
+            name: getattr(body, name) for name in ("title", "description", "starts_at", "ends_at")
+            if name in given and getattr(body, name) != before[name]}
+        if changes and current == "completed":
+            raise InvalidRequest.field(min(changes), "cannot change once the window is completed")
+        if "starts_at" in changes and current != "scheduled":
+            raise InvalidRequest.field("starts_at", "cannot change once the window has started")
+        if changes.get("ends_at", before["ends_at"]) <= changes.get("starts_at",
+                                                                    before["starts_at"]):
+            if "ends_at" in changes:
+                raise InvalidRequest.field("ends_at", LATER_THAN_STARTS)
+            raise InvalidRequest.field("starts_at", "must be earlier than ends_at")
+        if not changes and target is None:
+            return _window(before)
+        row = await repository.update_window(conn, window_id, changes, status=target)
+        action, verb = WINDOW_EVENTS[target] if target is not None else \
+            ("maintenance.updated", "Updated")
+        await audit.record(
+            conn, actor, action=action, target_type="maintenance_window", target_id=window_id,
+            description=f"{verb} maintenance window {window_id}",
+            metadata={**_window_facts(row),
+                      "changed": sorted([*changes, *(["status"] if target else [])])})
+    return _window(row)
+
+
+BOARD_SECONDS: Final = 5.0
+"""How long ``GET /readyz`` shows the windows it read before reading them again."""
+BOARD_TIMEOUT: Final = 0.5
+"""How long a probe waits for the read (then it shows what it knew)."""
+BOARD_LIMIT: Final = 100
+"""The most windows shown (the oldest started first)."""
+
+
+class MaintenanceBoard:
+    """Every project's started maintenance windows, as ``GET /readyz`` shows them under
+    ``detail.maintenance``: ``{"in_progress": [{"id", "title", "started_at", "ends_at"}],
+    "as_of": when they were read}``. Informative only: readiness never depends on it.
+
+    A probe comes every few seconds from each orchestrator replica, so the windows are read
+    (one statement over a partial index of the started windows) at most once per
+    :data:`BOARD_SECONDS`, by one probe while the others wait for it; a window started or
+    completed through this process is shown at once (:meth:`forget`), through another one
+    within :data:`BOARD_SECONDS`. A read that fails or takes longer than :data:`BOARD_TIMEOUT`
+    (PostgreSQL away) leaves the last windows read, with their ``as_of``."""
+
+    def __init__(self, *, ttl: float = BOARD_SECONDS) -> None:
+        self._ttl = ttl
+        self._shown: dict[str, Any] = {"in_progress": [], "as_of": None}
+        self._read_at = -float("inf")
+        self._generation = 0
+        self._failing = False
+        self._lock = asyncio.Lock()
+
+    def forget(self) -> None:
+        """Read again at the next probe (a window changed)."""
+        self._generation += 1
+        self._read_at = -float("inf")
+
+    def _fresh(self) -> bool:
+        return time.monotonic() - self._read_at < self._ttl
+
+    async def detail(self, pool: asyncpg.Pool | None) -> dict[str, Any]:
+        """What the probe shows (the class's docstring)."""
+        if self._fresh() or pool is None:
+            return self._shown
+        async with self._lock:
+            if self._fresh():
+                return self._shown
+            generation, started = self._generation, time.monotonic()
+            try:
+                async with asyncio.timeout(BOARD_TIMEOUT):
+                    rows = await pool.fetch(repository.IN_PROGRESS, BOARD_LIMIT)
+            except Exception as exc:  # never the probe's failure
+                if not self._failing:
+                    log.warning("maintenance windows not read for /readyz: %r", exc)
+                self._failing, self._read_at = True, started
+                return self._shown
+            self._failing = False
+            self._shown = {"in_progress": [dict(r) for r in rows], "as_of": datetime.now(UTC)}
+            # A window changed during the read: the next probe reads again.
+            self._read_at = started if generation == self._generation else -float("inf")
+            return self._shown
