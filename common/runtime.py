@@ -229,7 +229,7 @@ async def healthz(request: web.Request) -> web.Response:
 class Ready:
     """Serving: ``ready``, or ``stale`` (``Health``). ``detail`` holds what the services hosted
     here report beside it, never a reason not to serve: the control plane's ``maintenance``,
-    ``{"in_progress": [{"id", "title", "started_at", "ends_at"}], "as_of"}``, lists the
+    ``{"in_progress": [{"id", "started_at", "ends_at"}], "as_of"}``, lists the
     maintenance windows under way (of every project), as read at ``as_of`` (a few seconds ago
     at most, unless PostgreSQL is away). An entry that failed is null."""
 

@@ -446,7 +446,8 @@ def window_condition(p: Params, *, status: str | None) -> str:
 
 
 IN_PROGRESS: Final = """
-SELECT id, title, started_at, ends_at FROM maintenance_windows
+SELECT id, started_at, ends_at FROM maintenance_windows
 WHERE status = 'in_progress' ORDER BY started_at, id LIMIT $1"""
 """Every project's started windows, oldest first (the partial index
-``maintenance_windows_in_progress``): what ``GET /readyz`` shows."""
+``maintenance_windows_in_progress``): what ``GET /readyz`` shows. Ids and times only: the
+probe answers anyone who reaches it, and a title is a project's own text."""

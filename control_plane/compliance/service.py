@@ -561,7 +561,7 @@ BOARD_LIMIT: Final = 100
 
 class MaintenanceBoard:
     """Every project's started maintenance windows, as ``GET /readyz`` shows them under
-    ``detail.maintenance``: ``{"in_progress": [{"id", "title", "started_at", "ends_at"}],
+    ``detail.maintenance``: ``{"in_progress": [{"id", "started_at", "ends_at"}],
     "as_of": when they were read}``. Informative only: readiness never depends on it.
 
     A probe comes every few seconds from each orchestrator replica, so the windows are read
