@@ -228,8 +228,9 @@ def anonymize_events(p: Params, *, project_id: str, user_id: str | None, email: 
     """The batch statement: the project's events of ``keys`` lose the user: ``user_id`` (its id
     in ``user_id``, ``actor_id``, ``target_id`` becomes null) and ``email`` (any case; in the
     description and every metadata value, as the id too, it becomes :data:`REDACTED`). An
-    event that was the user's (by ``user_id`` or ``actor_id``) also loses its client address
-    and user agent (the columns, and metadata ``ip``, ``user_agent``, ``device``). Events are
+    event that was the user's (by ``user_id`` or ``actor_id``) also loses its client address,
+    user agent and identity-provider subject (the columns, and metadata ``ip``, ``user_agent``,
+    ``device``, ``subject``). Events are
     found by primary key: the indexes that chose them hold an entry per row version until
     VACUUM, and a statement reading them again for each batch would read every earlier
     batch's entries too."""
@@ -256,7 +257,7 @@ UPDATE audit_events e SET
     user_agent = CASE WHEN {own} THEN NULL ELSE e.user_agent END,
     description = {scrub('e.description')},
     metadata = CASE WHEN {own}
-                    THEN {scrub('e.metadata::text')}::jsonb - 'ip' - 'user_agent' - 'device'
+                    THEN {scrub('e.metadata::text')}::jsonb - 'ip' - 'user_agent' - 'device' - 'subject'
                     ELSE {scrub('e.metadata::text')}::jsonb END
 FROM unnest({p([k[0] for k in keys])}::timestamptz[], {p([k[1] for k in keys])}::text[])
      AS batch (created_at, id)

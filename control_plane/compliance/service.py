@@ -23,7 +23,7 @@
 Anonymized means (SPEC.md 4 rule 2): ``user_id`` null, metadata ``user_email`` ``[deleted]``;
 beyond the rule, the e-mail and the user's id are removed wherever else they appear (any
 metadata value, the description, actor and target) and the user's own events lose their client
-address and user agent. Events that merely mention the address (an invitation to it) lose the
+address, user agent and identity-provider subject. Events that merely mention the address (an invitation to it) lose the
 address and keep the rest. The request itself keeps the e-mail and the user's id: it is the
 record that the request was honoured.
 

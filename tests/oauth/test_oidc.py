@@ -150,6 +150,33 @@ async def test_json_answer_is_the_sign_in_envelope_and_the_session_works(
     assert me.status == 200 and me.body["user"]["id"] == r.body["user"]["id"]
 
 
+async def test_a_data_subject_deletion_removes_the_identity_and_its_traces(
+        browser: ClientSession, service: Api, corp: Project, oidc_peer: OidcPeer, prefix: str,
+        db: asyncpg.Pool) -> None:
+    """SPEC.md 4 rule 2 for a user made by an OpenID Connect sign-in: its identity row goes with
+    it, nothing in the log or the risk decisions names it or the provider's subject, and the
+    same account signing in again is a new user."""
+    address = email()
+    account = await oidc_peer.account(email=address)
+    first, _ = await sign_in(browser, service, corp, "corp", account=account, callback_prefix=prefix)
+    assert first.status == 200, first.body
+    user_id = first.body["user"]["id"]
+    subject = await db.fetchval("SELECT subject FROM oauth_identities WHERE user_id = $1", user_id)
+    assert subject
+    made = await corp.api.post("/v1/compliance/dsr", {"request_type": "deletion", "user_email": address})
+    done = await corp.api.post(f"/v1/compliance/dsr/{made.body['dsr_id']}/fulfill", {})
+    assert done.status == 200, done.body
+    assert (done.body["deleted"]["oauth_identities"], done.body["deleted"]["users"]) == (1, 1)
+    assert await db.fetchval("SELECT count(*) FROM oauth_identities WHERE subject = $1", subject) == 0
+    needles = [f"%{user_id}%", f"%{address}%", f"%{subject}%"]
+    for table in ("audit_events", "risk_decisions"):
+        named = await db.fetchval(f"SELECT count(*) FROM {table} t WHERE project_id = $1 "
+                                  "AND t::text ILIKE ANY($2::text[])", corp.id, needles)
+        assert named == 0, table
+    again, _ = await sign_in(browser, service, corp, "corp", account=account, callback_prefix=prefix)
+    assert again.status == 200 and again.body["user"]["id"] != user_id
+
+
 async def test_returning_identity_signs_in_to_the_same_user(
         browser: ClientSession, service: Api, corp: Project, oidc_peer: OidcPeer,
         prefix: str) -> None:
