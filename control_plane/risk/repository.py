@@ -257,6 +257,10 @@ async def list_decisions(conn: asyncpg.Connection | asyncpg.Pool, project_id: st
 
 # --- housekeeping -----------------------------------------------------------------------------
 
+FORGET_USER: Final = "UPDATE risk_decisions SET user_id = NULL WHERE project_id = $1 AND user_id = $2"
+"""A deleted user's decisions stay as history without its id (the column references no user:
+a data-subject deletion anonymizes them in batches instead, migration 0013)."""
+
 KNOWN_DAYS: Final = 180
 """How long a device, network or country stays known without a sign-in from it."""
 CHALLENGE_KEEP_DAYS: Final = 30

@@ -586,6 +586,12 @@ def _decision_of(row: asyncpg.Record) -> Decision:
         created_at=row["created_at"])
 
 
+async def forget_user(conn: asyncpg.Connection, *, project_id: str, user_id: str) -> None:
+    """In ``conn``'s transaction: the user's decisions lose its id (a user deleted through
+    ``DELETE /v1/users/{id}``); its known devices, places and challenges go with its row."""
+    await conn.execute(repository.FORGET_USER, project_id, user_id)
+
+
 async def find_decision(pool: asyncpg.Pool, project_id: str, decision_id: str) -> Decision:
     """The project's decision ``decision_id``. Raises NotFound (another project's too)."""
     row = None

@@ -8,7 +8,8 @@
   the fields that changed (never their values); a changed email or phone number is unverified
   unless ``email_verified`` comes with it.
 * :func:`remove_user` deletes the user (memberships, sessions and tokens cascade), revokes its
-  live sessions at the edge, and records ``user.deleted``.
+  live sessions at the edge, leaves its risk decisions without its id, and records
+  ``user.deleted``.
 
 A user of another project, an unknown id and a malformed id are all ``user_not_found``.
 """
@@ -25,6 +26,7 @@ from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
 from control_plane.magic_links import service as magic_links
+from control_plane.risk import service as risk
 from control_plane.sessions import service as sessions
 from control_plane.users import repository
 from control_plane.users.repository import EMAIL_CONSTRAINT, PHONE_CONSTRAINT
@@ -150,6 +152,7 @@ async def remove_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str) -
         user = await find_user(conn, project_id, user_id, for_update=True)
         revoked = await sessions.revoke_user_sessions(conn, user_id=user_id,
                                                       reason="user_deleted")
+        await risk.forget_user(conn, project_id=project_id, user_id=user_id)
         await repository.delete(conn, user_id)
         await audit.record(
             conn, actor, action="user.deleted", target_type="user", target_id=user_id,
