@@ -313,6 +313,42 @@ def reconnect_delay(failures: int) -> float:
     return min(_RECONNECT_MAX_SECONDS, 0.5 * 2.0 ** min(max(failures - 1, 0), 10))
 
 
+class Outage:
+    """The consecutive failures of one worker loop to reach the database, waited out with
+    :func:`reconnect_delay` backoff and said once each way::
+
+        outage = Outage("webhook fan-out", log)
+        while True:
+            try:
+                rows = await pool.fetch(...)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await outage.failed(exc)  # logs, then sleeps
+                continue
+            outage.over()
+    """
+
+    __slots__ = ("failures", "logger", "what")
+
+    def __init__(self, what: str, logger: logging.Logger) -> None:
+        self.what, self.logger, self.failures = what, logger, 0
+
+    async def failed(self, exc: BaseException) -> None:
+        """Count a failure, log it with the wait before the next try, and wait."""
+        self.failures += 1
+        delay = reconnect_delay(self.failures)
+        self.logger.warning("%s failed (%s: %s); retrying in %.1f s", self.what,
+                            type(exc).__name__, exc, delay)
+        await asyncio.sleep(delay)
+
+    def over(self) -> None:
+        """A try succeeded: the next failure starts the backoff afresh."""
+        if self.failures:
+            self.logger.info("%s works again", self.what)
+            self.failures = 0
+
+
 async def listen_forever(dsn: str, channel: str, wake: asyncio.Event, *, application_name: str,
                          logger: logging.Logger) -> None:
     """Keep a connection of its own (``application_name``) listening on ``channel`` until

@@ -47,7 +47,7 @@ import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.db import reconnect_delay
+from common.db import Outage
 from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS
@@ -220,7 +220,7 @@ class Streamer:
         self._in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        failures = 0
+        outage = Outage("claiming audit streams", log)
         try:
             while True:
                 try:
@@ -230,13 +230,9 @@ class Streamer:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    failures += 1
-                    delay = reconnect_delay(failures)
-                    log.warning("audit streams could not be claimed (%s: %s); retrying in %.1f s",
-                                type(exc).__name__, exc, delay)
-                    await asyncio.sleep(delay)
+                    await outage.failed(exc)
                     continue
-                failures = 0
+                outage.over()
                 for row in rows:
                     task = asyncio.create_task(self._stream(row), name=f"stream-{row['id']}")
                     self._in_flight.add(task)

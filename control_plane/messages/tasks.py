@@ -25,7 +25,7 @@ import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.db import delete_in_batches, listen_forever, reconnect_delay
+from common.db import Outage, delete_in_batches, listen_forever
 from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS, MAILBOX
@@ -114,7 +114,7 @@ class _Worker:
     # -- claiming ----------------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        failures = 0
+        outage = Outage("claiming outbox messages", log)
         while True:
             self._wake.clear()  # before claiming: a NOTIFY during the claim wakes the next wait
             free = MAX_IN_FLIGHT - len(self._in_flight)
@@ -126,15 +126,9 @@ class _Worker:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    failures += 1
-                    delay = reconnect_delay(failures)
-                    log.warning("outbox could not claim messages (%s: %s); retrying in %.1f s",
-                                type(exc).__name__, exc, delay)
-                    await asyncio.sleep(delay)
+                    await outage.failed(exc)
                     continue
-                if failures:
-                    log.info("outbox claims messages again")
-                    failures = 0
+                outage.over()
                 for row in rows:
                     task = asyncio.create_task(self._deliver(row), name=f"outbox-{row['id']}")
                     self._in_flight.add(task)

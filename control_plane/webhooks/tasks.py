@@ -46,7 +46,7 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.db import delete_in_batches, listen_forever, reconnect_delay
+from common.db import Outage, delete_in_batches, listen_forever
 from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS
@@ -89,22 +89,16 @@ async def fan_out_pass(pool: asyncpg.Pool, *, batch: int = FANOUT_BATCH) -> int:
 async def fan_out_forever(pool: asyncpg.Pool) -> None:
     """:func:`fan_out_pass` until cancelled: again at once after a full batch, else after
     :data:`FANOUT_POLL_SECONDS`; a database outage is waited out with backoff."""
-    failures = 0
+    outage = Outage("webhook fan-out", log)
     while True:
         try:
             passed = await fan_out_pass(pool)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            failures += 1
-            delay = reconnect_delay(failures)
-            log.warning("webhook fan-out failed (%s: %s); retrying in %.1f s",
-                        type(exc).__name__, exc, delay)
-            await asyncio.sleep(delay)
+            await outage.failed(exc)
             continue
-        if failures:
-            log.info("webhook fan-out works again")
-            failures = 0
+        outage.over()
         if passed < FANOUT_BATCH:
             await asyncio.sleep(FANOUT_POLL_SECONDS)
 
@@ -168,7 +162,7 @@ class Deliverer:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _claim_loop(self) -> None:
-        failures = 0
+        outage = Outage("claiming webhook deliveries", log)
         while True:
             self._wake.clear()
             free = MAX_IN_FLIGHT - len(self._in_flight)
@@ -180,13 +174,9 @@ class Deliverer:
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    failures += 1
-                    delay = reconnect_delay(failures)
-                    log.warning("webhook deliveries could not be claimed (%s: %s); retrying in "
-                                "%.1f s", type(exc).__name__, exc, delay)
-                    await asyncio.sleep(delay)
+                    await outage.failed(exc)
                     continue
-                failures = 0
+                outage.over()
                 for job in claimed:
                     task = asyncio.create_task(self._deliver(*job), name=f"webhook-{job[0]['id']}")
                     self._in_flight.add(task)
