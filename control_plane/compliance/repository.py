@@ -4,6 +4,7 @@ maintenance windows (``incidents``, ``maintenance_windows``, migration 0014)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -46,16 +47,18 @@ LISTED: Final = "(SELECT *, id AS dsr_id FROM dsr_requests) d"
 """The listing's ``FROM`` (alias ``d``): requests keyed by ``dsr_id``, as the API names it."""
 
 
-def list_condition(p: Params, *, status: str | None, request_type: str | None,
-                   overdue: bool | None) -> str:
-    """The listing's filters (over ``dsr_requests``), ``TRUE`` for none."""
-    conds = ["TRUE"]
-    if status is not None:
-        conds.append(f"status = {p(status)}")
-    if request_type is not None:
-        conds.append(f"request_type = {p(request_type)}")
+DSR_OVERDUE: Final = "(status <> 'fulfilled' AND due_at < now())"
+
+
+def listing_condition(p: Params, equal: Mapping[str, object | None], *,
+                      overdue: bool | None = None, overdue_when: str = "FALSE") -> str:
+    """A listing's filters (``TRUE`` for none): each column of ``equal`` (the caller's constant
+    names, never input) equal to its value where one is given; with ``overdue``, only the rows
+    for which ``overdue_when`` (:data:`DSR_OVERDUE`, :data:`INCIDENT_OVERDUE`) holds, or fails."""
+    conds = ["TRUE", *(f"{column} = {p(value)}" for column, value in equal.items()
+                       if value is not None)]
     if overdue is not None:
-        conds.append(f"{'' if overdue else 'NOT '}(status <> 'fulfilled' AND due_at < now())")
+        conds.append(f"{'' if overdue else 'NOT '}{overdue_when}")
     return " AND ".join(conds)
 
 
@@ -383,19 +386,6 @@ async def update_incident(conn: asyncpg.Connection, incident_id: str, changes: d
     return row
 
 
-def incident_condition(p: Params, *, status: str | None, severity: str | None,
-                       overdue: bool | None) -> str:
-    """The incident listing's filters, ``TRUE`` for none."""
-    conds = ["TRUE"]
-    if status is not None:
-        conds.append(f"status = {p(status)}")
-    if severity is not None:
-        conds.append(f"severity = {p(severity)}")
-    if overdue is not None:
-        conds.append(f"{'' if overdue else 'NOT '}{INCIDENT_OVERDUE}")
-    return " AND ".join(conds)
-
-
 # --- maintenance windows -----------------------------------------------------------------------
 
 WINDOW_COLUMNS: Final = (
@@ -439,11 +429,6 @@ async def update_window(conn: asyncpg.Connection, window_id: str, changes: dict[
         f"""UPDATE maintenance_windows SET {', '.join([*sets, 'updated_at = now()'])}
             WHERE id = {p(window_id)} RETURNING {WINDOW_COLUMNS}""", *p.values)
     return row
-
-
-def window_condition(p: Params, *, status: str | None) -> str:
-    """The window listing's filter, ``TRUE`` for none."""
-    return "TRUE" if status is None else f"status = {p(status)}"
 
 
 IN_PROGRESS: Final = """

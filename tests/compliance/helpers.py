@@ -1,5 +1,5 @@
-"""Helpers of the compliance tests: a webhook receiver that fails everything, and the walk over
-every text column of the schema that finds what still names a user."""
+"""Helpers of the compliance tests: a webhook receiver that records what it is sent, and the
+walk over every text column of the schema that finds what still names a user."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ TEXT_TYPES = ("text", "character varying", "jsonb", "json", "ARRAY", "bytea")
 
 
 @contextlib.asynccontextmanager
-async def failing_receiver() -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A webhook receiver on loopback that answers 500 to everything; yields its URL and the
-    bodies it was sent."""
+async def receiver(status: int) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A webhook receiver on loopback that answers ``status`` to everything; yields its URL
+    and the bodies it was sent."""
     bodies: list[bytes] = []
 
     async def handle(request: web.Request) -> web.Response:
         bodies.append(await request.read())
-        return web.Response(status=500)
+        return web.Response(status=status)
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handle)

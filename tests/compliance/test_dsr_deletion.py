@@ -19,7 +19,7 @@ from typing import Any
 
 import asyncpg
 
-from tests.compliance.helpers import failing_receiver, naming
+from tests.compliance.helpers import naming, receiver
 from tests.fixtures.database import events
 from tests.fixtures.identity import add_member, email, make_org, session_call, sign_in
 from tests.fixtures.service import Project, eventually
@@ -33,7 +33,7 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
     r = await cproject.api.request("PATCH", "/v1/projects/me", json={"webauthn": {
         "rp_id": RP_ID, "rp_name": "Test app", "origins": [ORIGIN]}})
     assert r.status == 200, r.body
-    async with failing_receiver() as (url, received):
+    async with receiver(500) as (url, received):
         hook = await cproject.api.post("/v1/webhook-endpoints", {"url": url, "events": ["*"]})
         assert hook.status == 201, hook.body
         # An audit stream to the same failing receiver: it holds its first batch (the user's

@@ -5,16 +5,14 @@ scope, and a webhook subscriber receiving ``incident.created``."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 import orjson
 import pytest
-from aiohttp import web
 
+from tests.compliance.helpers import receiver
 from tests.fixtures.database import events
 from tests.fixtures.service import (
     Api,
@@ -283,30 +281,8 @@ async def test_project_bounds_and_scope(cproject: Project, compliance_service: A
     assert (await allowed.get(f"/v1/incidents/{made['id']}")).status == 200
 
 
-@contextlib.asynccontextmanager
-async def receiver() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
-    """A webhook receiver on loopback that answers 200; yields its URL and the bodies it got."""
-    bodies: list[dict[str, Any]] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        bodies.append(orjson.loads(await request.read()))
-        return web.Response(status=200)
-
-    app = web.Application()
-    app.router.add_post("/hooks", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}/hooks", bodies
-    finally:
-        await runner.cleanup()
-
-
 async def test_a_subscribed_webhook_receives_incident_created(cproject: Project) -> None:
-    async with receiver() as (url, bodies):
+    async with receiver(200) as (url, bodies):
         hook = await cproject.api.post("/v1/webhook-endpoints",
                                        {"url": url, "events": ["incident.created"]})
         assert hook.status == 201, hook.body
@@ -319,7 +295,7 @@ async def test_a_subscribed_webhook_receives_incident_created(cproject: Project)
 
         [delivery] = await eventually(delivered, what="the incident.created delivery")
         assert delivery["event_type"] == "incident.created"
-        [body] = bodies
+        [body] = [orjson.loads(raw) for raw in bodies]
         assert (body["type"], body["data"]["action"]) == ("incident.created", "incident.created")
         assert body["data"]["target_id"] == made["id"]
         meta = body["data"]["metadata"]
