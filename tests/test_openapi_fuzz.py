@@ -360,9 +360,10 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
          ("redirect_uri", "must be one of the provider's redirect_uris")]),
     ("a webhook receiver's or an audit stream destination's URL or server: https (nats, tls), "
      "and a host that is "
-     "public as written and once resolved (DNS): rules on a URL's host beyond a pattern",
+     "a name DNS takes (labels of 1 to 63 characters) and public as written and once resolved: "
+     "rules on a URL's host beyond a pattern",
      lambda case, r: bool(refused_fields(r)) and all(
-         f == "url" or f.endswith(".url") or f.startswith("destination.servers.")
+         f.rsplit(".", 1)[-1] in ("url", "endpoint_url") or f.startswith("destination.servers.")
          for f, _ in refused_fields(r))),
     ("replaying or recovering the deliveries of a disabled endpoint: the state of an endpoint, "
      "as 404 is for an id (fuzzed PATCHes disable it)",

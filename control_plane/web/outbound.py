@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ Url = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=UR
 MAX_BODY_BYTES: Final = 4096
 """The most of a receiver's answer that is read (it is only kept as a hint on failure)."""
 USER_AGENT: Final = "authio-webhooks/1"
+_LABEL: Final = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+"""One label of a host name (RFC 1123 section 2.1, lower case; ``_`` as DNS itself allows)."""
 RESOLVE_TIMEOUT_SECONDS: Final = 2.0
 """How long the create and update calls wait for DNS before taking the name as unresolved."""
 
@@ -65,6 +68,21 @@ def is_public(address: str) -> bool:
     return ip.is_global
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def _is_host_name(host: str) -> bool:
+    """Whether ``host`` (lower case) is a name DNS can carry: a resolver refuses any other with
+    an error of its own (Python's IDNA codec raises UnicodeError for a label over 63)."""
+    name = host.removesuffix(".")
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
 def url_problem(url: str, *, allow_private: bool) -> str | None:
     """Why ``url`` cannot be a receiver's URL as written, or None."""
     try:
@@ -76,14 +94,15 @@ def url_problem(url: str, *, allow_private: bool) -> str | None:
         return "must be an absolute URL with a host, and no fragment or credentials"
     if parts.scheme != "https" and not (allow_private and parts.scheme == "http"):
         return "must use https"
+    host = parts.hostname.lower()
+    if not _is_address(host) and not _is_host_name(host):
+        return ("must name a valid host (at most 253 characters, labels of 1 to 63 letters, "
+                "digits and hyphens)")
     if allow_private:
         return None
-    host = parts.hostname.lower()
     if host == "localhost" or host.endswith(".localhost"):
         return "must not name this machine"
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
+    if not _is_address(host):
         return None  # a name: judged once resolved
     return None if is_public(host) else f"must not be a non-public address ({host})"
 

@@ -113,6 +113,16 @@ async def test_bad_bodies_name_the_field(hooks_project: Project) -> None:
         "url": "http://127.0.0.1:9/", "events": ["Not An Action"]}), "events.0")
     assert_invalid_field(await api.post("/v1/webhook-endpoints", {
         "url": "http://127.0.0.1:9/", "events": ["*"], "secret": "mine"}), "secret")
+    # A name no resolver takes (a label over 63 characters, an empty label, a space) is refused
+    # as written, even where private receivers are allowed: it could never be delivered to.
+    for host in ("a" * 64 + ".example.com", "hooks..example.com", "hooks_.example.com.",
+                 "x" * 250 + ".com"):
+        r = await api.post("/v1/webhook-endpoints", {"url": f"https://{host}/", "events": ["*"]})
+        if host == "hooks_.example.com.":
+            assert r.status == 201, r.body  # "_" and a trailing dot are valid DNS
+            continue
+        assert_invalid_field(r, "url")
+        assert "valid host" in r.body["error"]["message"], r.body
     r = await api.post("/v1/webhook-endpoints", {"url": "http://127.0.0.1:9/", "events": ["*"]})
     assert_invalid_field(await api.request("PATCH", f"/v1/webhook-endpoints/{r.body['id']}",
                                            json={}), "body")
