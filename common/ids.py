@@ -19,7 +19,7 @@ from ulid import ULID
 
 PREFIXES: Final = frozenset(
     {"ten", "proj", "key", "user", "org", "mem", "inv", "sess", "store", "dsr", "evt", "whep",
-     "strm", "rd", "chal", "req", "msg", "kid", "pk", "dlv", "inc", "mw"}
+     "strm", "rd", "chal", "req", "msg", "kid", "pk", "dlv", "inc", "mw", "devauth"}
 )
 _ID_RE: Final = re.compile(r"([a-z]+)_([0-9a-hjkmnp-tv-z]{26})")
 

@@ -104,6 +104,14 @@ class Settings(BaseSettings):
     magic_link_ttl_seconds: Annotated[int, Field(ge=60, le=86_400)] = Field(
         900, validation_alias=_env("SERVICE_MAGIC_LINK_TTL_SECONDS")
     )
+    device_code_ttl_seconds: Annotated[int, Field(ge=60, le=3600)] = Field(
+        900, validation_alias=_env("SERVICE_DEVICE_CODE_TTL_SECONDS")
+    )
+    """How long ``authio login``'s code waits for approval (RFC 8628 ``expires_in``)."""
+    device_code_interval_seconds: Annotated[int, Field(ge=1, le=60)] = Field(
+        5, validation_alias=_env("SERVICE_DEVICE_CODE_INTERVAL_SECONDS")
+    )
+    """The polling interval the CLI is given (RFC 8628 ``interval``; 5 s is its default)."""
     webauthn_challenge_ttl_seconds: Annotated[int, Field(ge=30, le=3600)] = Field(
         300, validation_alias=_env("SERVICE_WEBAUTHN_CHALLENGE_TTL_SECONDS")
     )

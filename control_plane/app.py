@@ -44,6 +44,8 @@ from control_plane.authz import tasks as authz_tasks
 from control_plane.compliance import endpoints as compliance
 from control_plane.compliance import tasks as compliance_tasks
 from control_plane.compliance.service import MaintenanceBoard
+from control_plane.imports import endpoints as imports
+from control_plane.imports import tasks as import_tasks
 from control_plane.kms import LocalKms
 from control_plane.magic_links import endpoints as magic_links
 from control_plane.magic_links import tasks as magic_link_tasks
@@ -83,11 +85,11 @@ DESCRIPTION: Final = (
 ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.routes,
                  sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
                  risk.routes, signing_keys.routes,
-                 audit.routes, webhooks.routes, compliance.routes)
+                 audit.routes, webhooks.routes, compliance.routes, imports.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
     session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,
-    risk_tasks.workers, webhook_tasks.workers, compliance_tasks.workers,
+    risk_tasks.workers, webhook_tasks.workers, compliance_tasks.workers, import_tasks.workers,
 )
 meta_routes = RouteTable("meta", "This document.")
 

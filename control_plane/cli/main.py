@@ -6,6 +6,12 @@
     authio migrate                apply pending schema migrations
     authio kms-key --file PATH    write a new key-encryption key to PATH unless it exists
     authio openapi [--out PATH]   write the OpenAPI document of every route (default: stdout)
+    authio login [--profile P] [--base-url URL]
+                                  sign this tool in (device code): saves a project's key
+    authio logout [--profile P]   revoke that key and forget it
+    authio import PROVIDER --file PATH [--dry-run] [--rate-limit-rps N] [--profile P] [--force]
+                                  create users from an auth0, firebase, cognito, supabase or
+                                  clerk export (docs/imports.md)
 
 Logs are JSON lines on standard error (common.logging); traces follow the OTEL_* variables
 (common.telemetry; spans on standard output by default).
@@ -54,6 +60,11 @@ def _write_openapi(out: str | None) -> int:
     return 0
 
 
+PROVIDERS = ("auth0", "clerk", "cognito", "firebase", "supabase")
+"""What ``authio import`` takes (``control_plane.imports.formats.PROVIDERS``, not imported here:
+``authio serve`` starts without the parsers)."""
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="authio", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -70,7 +81,39 @@ def main(argv: list[str] | None = None) -> None:
     kms_key.add_argument("--file", required=True, help="path of the key file (created mode 0600)")
     openapi = sub.add_parser("openapi", help="write the OpenAPI 3.1 document of every route")
     openapi.add_argument("--out", help="file to write (default: standard output)")
+    login = sub.add_parser("login", help="sign this tool in to a project (device code, RFC 8628)")
+    login.add_argument("--profile", help="credentials profile to save (default: default)")
+    login.add_argument("--base-url", help="the control plane's URL (default: AUTHIO_BASE_URL, "
+                                          "else http://localhost:8080)")
+    login.add_argument("--no-browser", action="store_true", help="only print the URL and code")
+    logout = sub.add_parser("logout", help="revoke the profile's key and remove the profile")
+    logout.add_argument("--profile", help="credentials profile (default: default)")
+    importing = sub.add_parser("import", help="create users from another provider's export")
+    importing.add_argument("provider", choices=PROVIDERS,
+                           help="where the export comes from")
+    importing.add_argument("--file", required=True, help="the export file (any of the "
+                                                         "provider's formats; .gz too)")
+    importing.add_argument("--dry-run", action="store_true",
+                           help="parse and count without sending anything")
+    importing.add_argument("--rate-limit-rps", type=float, default=50.0,
+                           help="most requests per second (default: 50)")
+    importing.add_argument("--profile", help="credentials profile (default: default)")
+    importing.add_argument("--force", action="store_true",
+                           help="resume although the file changed since the last run")
     args = parser.parse_args(argv)
+    if args.command == "login":
+        from control_plane.cli.login import login as sign_in
+
+        sys.exit(sign_in(args.profile, args.base_url, open_browser=not args.no_browser))
+    if args.command == "logout":
+        from control_plane.cli.login import logout as sign_out
+
+        sys.exit(sign_out(args.profile))
+    if args.command == "import":
+        from control_plane.cli.import_users import import_users
+
+        sys.exit(import_users(args.provider, args.file, dry_run=args.dry_run,
+                              rate=args.rate_limit_rps, profile=args.profile, force=args.force))
     if args.command == "kms-key":
         sys.exit(_write_kms_key(args.file))
     if args.command == "openapi":

@@ -89,11 +89,12 @@ async def get_api_keys(call: Call, query: PageQuery) -> web.Response:
     return call.reply(page)
 
 
-@endpoint(routes, "DELETE", "/v1/api-keys/{key_id}", auth=KEYS_WRITE,
+@endpoint(routes, "DELETE", "/v1/api-keys/{key_id}", auth=auth.ApiKey(),
           errors=[NotFound, InsufficientScope],
           replies=[Reply(200, "The key, revoked.", ApiKey)])
 async def delete_api_key(call: Call) -> web.Response:
-    """Revoke an API key.
+    """Revoke an API key: any key with `keys:write`, or the calling key itself, whatever its
+    scopes (a signed-out tool revokes its own key, as RFC 7009 lets a client revoke its token).
 
     Every process refuses it at once (within a second even if the announcement is lost).
     Idempotent; a key may not revoke one with more access than itself."""

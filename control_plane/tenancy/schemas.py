@@ -27,7 +27,8 @@ Scope = Annotated[str, WithJsonSchema({"type": "string", "enum": sorted(SCOPES)}
 # --- API keys ----------------------------------------------------------------------------------
 
 
-def _known_scopes(v: list[str]) -> list[str]:
+def known_scopes(v: list[str]) -> list[str]:
+    """``v`` sorted without repeats; raises ValueError naming a scope not in DESIGN.md's list."""
     unknown = sorted(set(v) - SCOPES)
     if unknown:
         raise ValueError(f"unknown scopes {unknown}; allowed: {sorted(SCOPES)}")
@@ -40,7 +41,7 @@ class CreateApiKey(RequestModel):
 
     prefix: KeyPrefix
     name: DisplayName
-    scopes: Annotated[list[Scope], AfterValidator(_known_scopes), Field(
+    scopes: Annotated[list[Scope], AfterValidator(known_scopes), Field(
         description="Scopes of DESIGN.md's list; an empty list means full access.")]
 
 

@@ -98,13 +98,25 @@ async def create_api_key(conn: asyncpg.Connection, actor: Actor, *,
     assert creator is not None
     check_no_escalation(creator, body.scopes, body.prefix, verb="create")
     async with conn.transaction():
-        key = await _new_key(conn, project_id=creator.project_id, prefix=body.prefix,
-                             name=body.name, scopes=body.scopes, created_by_key_id=creator.key_id)
-        await audit.record(
-            conn, actor, action="api_key.created", target_type="api_key", target_id=key.id,
-            description=f"Created API key {body.name!r}",
-            metadata={"prefix": body.prefix, "scopes": body.scopes, "name": body.name},
-        )
+        return await issue_key(conn, actor, project_id=creator.project_id, prefix=body.prefix,
+                               name=body.name, scopes=body.scopes,
+                               created_by_key_id=creator.key_id)
+
+
+async def issue_key(conn: asyncpg.Connection, actor: Actor, *, project_id: str, prefix: str,
+                    name: str, scopes: list[str], created_by_key_id: str | None,
+                    via: str | None = None) -> NewApiKey:
+    """A new key of ``project_id`` with its ``api_key.created`` event (metadata ``via`` says
+    how it came to be, e.g. ``device_authorization``), in the caller's transaction; the caller
+    has judged that ``actor`` may grant it."""
+    key = await _new_key(conn, project_id=project_id, prefix=prefix, name=name, scopes=scopes,
+                         created_by_key_id=created_by_key_id)
+    await audit.record(
+        conn, actor, action="api_key.created", project_id=project_id, target_type="api_key",
+        target_id=key.id, description=f"Created API key {name!r}",
+        metadata={"prefix": prefix, "scopes": scopes, "name": name,
+                  **({"via": via} if via else {})},
+    )
     return key
 
 
@@ -116,11 +128,13 @@ async def revoke_api_key(
     every cache expires it within its TTL, whatever happens to the announcement).
 
     Idempotent: revoking a revoked key returns it unchanged with no new event. Raises NotFound
-    when the project has no such key, InsufficientScope when the key holds more access than the
-    actor's.
+    when the project has no such key, InsufficientScope when the actor lacks ``keys:write``
+    (needed for any key but its own) or the key holds more access than the actor's.
     """
     revoker = actor.api_key
     assert revoker is not None
+    if key_id != revoker.key_id:
+        revoker.require("keys:write")
     if not is_id(key_id, "key"):
         raise NotFound("No API key with that id in this project.")
     async with conn.transaction():

@@ -1,0 +1,46 @@
+"""SQL of the device authorization grant (table ``device_authorizations``, migration 0015)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Final
+
+import asyncpg
+
+INSERT: Final = """
+INSERT INTO device_authorizations (id, device_code_hash, user_code, client_id, requested_scopes,
+                                   interval_seconds, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+ON CONFLICT (user_code) DO NOTHING
+RETURNING id"""
+"""A new pending request; nothing when its user code is taken (the caller draws another)."""
+
+BY_DEVICE_CODE: Final = """
+SELECT id, status, client_id, project_id, scopes, approved_by_key_id, key_id, interval_seconds,
+       last_polled_at, now() AS now, expires_at <= now() AS expired
+FROM device_authorizations WHERE device_code_hash = $1 FOR UPDATE"""
+
+POLLED: Final = """
+UPDATE device_authorizations SET last_polled_at = now(), interval_seconds = $2 WHERE id = $1"""
+
+REDEEMED: Final = """
+UPDATE device_authorizations SET status = 'redeemed', key_id = $2, redeemed_at = now()
+WHERE id = $1"""
+
+BY_USER_CODE: Final = """
+SELECT id, status, client_id, requested_scopes, project_id,
+       GREATEST(0, ceil(extract(epoch FROM expires_at - now())))::int AS expires_in,
+       expires_at <= now() AS expired
+FROM device_authorizations WHERE user_code = $1 FOR UPDATE"""
+
+DECIDED: Final = """
+UPDATE device_authorizations
+SET status = $2, project_id = $3, scopes = $4, approved_by_key_id = $5, decided_at = now()
+WHERE id = $1"""
+
+
+async def purge(pool: asyncpg.Pool, *, older_than: timedelta) -> int:
+    """Delete the requests that expired more than ``older_than`` ago; how many."""
+    status = await pool.execute(
+        "DELETE FROM device_authorizations WHERE expires_at < now() - $1::interval", older_than)
+    return int(status.split()[-1])
