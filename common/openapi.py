@@ -549,16 +549,16 @@ def _responses(
         by_status.setdefault(err.status, {}).setdefault(err.code, err)
     for code_status, codes in sorted(by_status.items()):
         error = _error_response(code_status, [codes[c] for c in sorted(codes)])
-        reply = responses.get(str(code_status))
-        if reply is not None:  # a body of the route's own (an OAuth error), or the envelope
-            ours = reply.get("content", {}).get("application/json")
-            if ours is None or set(reply["content"]) != {"application/json"}:
+        answered = responses.get(str(code_status))
+        if answered is not None:  # a body of the route's own (an OAuth error), or the envelope
+            ours = answered.get("content", {}).get("application/json")
+            if ours is None or set(answered["content"]) != {"application/json"}:
                 raise ValueError(f"{op.operation_id}: status {code_status} is both a reply "
                                  "and an error, not both JSON")
             ours["schema"] = {"anyOf": [ours["schema"],
                                         error["content"]["application/json"]["schema"]]}
-            reply["description"] += f"\n\nOr the error envelope: {error['description']}"
-            reply["headers"].update(error["headers"])
+            answered["description"] += f"\n\nOr the error envelope: {error['description']}"
+            answered["headers"].update(error["headers"])
             continue
         responses[str(code_status)] = error
     return dict(sorted(responses.items()))
