@@ -1,0 +1,151 @@
+"""``authio import <provider> --file PATH``: users from another identity provider's export
+(SPEC.md 4 "Import tool"; DESIGN.md "CLI login and import").
+
+Prints a progress bar with rate and ETA on a terminal (standard error), plain progress lines
+every few seconds otherwise; then, on standard output, the skip reasons and errors, the note
+that organizations are not imported (rule 5), and as the very last line ``created N, existed N,
+skipped N, errored N``. Exit status 0, 1 when anything errored (or the run stopped), 2 for bad
+usage (an unknown format, a changed file without ``--force``, no credentials)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any, Final
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+from control_plane.cli.login import LoginError, load
+from control_plane.imports import cursor as cursors
+from control_plane.imports import formats
+from control_plane.imports.run import (
+    ImportAborted,
+    UsersApi,
+    concurrency_for,
+    records,
+    run,
+    summary,
+)
+
+PLAIN_EVERY_SECONDS: Final = 5.0
+NOT_IMPORTED: Final = (
+    "Organizations and connection metadata are not imported (only users are): recreate each "
+    "organization with POST /v1/organizations and its members with POST "
+    "/v1/organizations/{id}/memberships (docs/imports.md).")
+
+
+class BarReporter:
+    """A rich progress bar on standard error (a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self._bar = Progress(TextColumn("importing"), BarColumn(), MofNCompleteColumn(),
+                             TaskProgressColumn(), TextColumn("{task.fields[rate]}/s"),
+                             TimeRemainingColumn(), TextColumn("{task.fields[tally]}"),
+                             console=None, transient=False, redirect_stdout=False)
+        self._task = self._bar.add_task("import", total=total, rate="0", tally="")
+        self._started = time.monotonic()
+        self._bar.start()
+
+    def advance(self, done: int, tally: dict[str, int]) -> None:
+        rate = done / max(1e-3, time.monotonic() - self._started)
+        self._bar.update(self._task, completed=done, rate=f"{rate:,.0f}",
+                         tally=f"created {tally['created']:,} existed {tally['existed']:,}")
+
+    def note(self, message: str) -> None:
+        self._bar.console.print(message)
+
+    def close(self) -> None:
+        self._bar.stop()
+
+
+class PlainReporter:
+    """Progress lines on standard error every :data:`PLAIN_EVERY_SECONDS` (not a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self._total, self._started, self._last = total, time.monotonic(), 0.0
+
+    def advance(self, done: int, tally: dict[str, int]) -> None:
+        now = time.monotonic()
+        if now - self._last < PLAIN_EVERY_SECONDS and done < self._total:
+            return
+        self._last = now
+        rate = done / max(1e-3, now - self._started)
+        eta = (self._total - done) / rate if rate > 0 else 0.0
+        print(f"progress: {done:,}/{self._total:,} records, {rate:,.0f}/s, about {eta:,.0f} s "
+              f"left ({tally['created']:,} created, {tally['existed']:,} existed, "
+              f"{tally['skipped']:,} skipped, {tally['errored']:,} errored)",
+              file=sys.stderr, flush=True)
+
+    def note(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"authio import: {message}", file=sys.stderr)
+    return code
+
+
+def import_users(provider: str, file: str, *, dry_run: bool, rate: float, profile: str | None,
+                 force: bool) -> int:
+    """The command (module docstring); its exit status."""
+    path = Path(file)
+    if not path.is_file():
+        return _fail(f"{file}: no such file")
+    if rate <= 0:
+        return _fail("--rate-limit-rps must be above 0")
+    try:
+        fmt = formats.detect(provider, path)
+    except formats.UnknownFormat as err:
+        return _fail(str(err))
+    total = sum(1 for _ in records(fmt, path))
+    try:
+        cursor = cursors.Cursor(*cursors.key_of(provider, path)) if dry_run else \
+            cursors.load(provider, path, force=force)
+        credentials = None if dry_run else load(profile)
+    except (cursors.CursorMismatch, ValueError, LoginError) as err:
+        return _fail(str(err))
+    resumed = cursor.next_index
+    tty = sys.stderr.isatty()
+    reporter: Any = BarReporter(total) if tty else PlainReporter(total)
+    print(f"{fmt.name}: {total:,} records" + (", dry run: nothing is sent" if dry_run else "")
+          + (f"; resuming at record {resumed + 1:,}" if resumed else ""), file=sys.stderr)
+
+    async def go() -> cursors.Cursor:
+        concurrency = concurrency_for(rate)
+        api = None if credentials is None else UsersApi(
+            credentials.base_url, credentials.api_key, rate=rate, concurrency=concurrency,
+            note=reporter.note)
+        try:
+            return await run(fmt, path, cursor=cursor, api=api, concurrency=concurrency,
+                             reporter=reporter, persist=not dry_run)
+        finally:
+            if api is not None:
+                await api.close()
+
+    try:
+        done = asyncio.run(go())
+    except ImportAborted as err:
+        reporter.close()
+        print(*summary(cursor), sep="\n")
+        return _fail(f"{err} (progress kept in {cursors.path_for(path)})", 1)
+    except KeyboardInterrupt:
+        reporter.close()
+        print(*summary(cursor), sep="\n")
+        return _fail(f"interrupted; run the same command again to resume (progress kept in "
+                     f"{cursors.path_for(path)})", 1)
+    reporter.close()
+    lines = summary(done)
+    print(*lines[:-1], NOT_IMPORTED, lines[-1], sep="\n")
+    return 1 if done.tally["errored"] else 0
