@@ -1,10 +1,13 @@
-"""``authio import <provider> --file PATH``: users from another identity provider's export
-(SPEC.md 4 "Import tool"; DESIGN.md "CLI login and import").
+"""``authio import <provider> --file PATH``: users from another identity provider's export, and
+``authio import descope --input PATH``: the multi-tenant importer, which also makes each tenant
+an organization and each tenant role a membership (``control_plane.imports.tenants``) (SPEC.md 4
+"Import tool"; DESIGN.md "CLI login and import").
 
 Prints a progress bar with rate and ETA on a terminal (standard error), plain progress lines
 every few seconds otherwise; then, on standard output, the skip reasons and errors, the note
-that organizations are not imported (rule 5), and as the very last line ``created N, existed N,
-skipped N, errored N``. Exit status 0, 1 when anything errored (or the run stopped), 2 for bad
+that organizations are not imported (rule 5; the multi-tenant importer's organizations and
+memberships tallies instead), and as the very last line ``created N, existed N, skipped N,
+errored N`` (the users). Exit status 0, 1 when anything errored (or the run stopped), 2 for bad
 usage (an unknown format, a changed file without ``--force``, no credentials)."""
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ from rich.progress import (
 
 from control_plane.cli.login import LoginError, load
 from control_plane.imports import cursor as cursors
-from control_plane.imports import formats
+from control_plane.imports import formats, tenants
+from control_plane.imports.client import ImportAborted, ServiceClient
 from control_plane.imports.run import (
-    ImportAborted,
     UsersApi,
     concurrency_for,
     records,
@@ -122,17 +125,26 @@ def import_users(provider: str, file: str, *, dry_run: bool, rate: float, profil
     print(f"{fmt.name}: {total:,} records" + (", dry run: nothing is sent" if dry_run else "")
           + (f"; resuming at record {resumed + 1:,}" if resumed else ""), file=sys.stderr)
 
+    multi_tenant = provider == tenants.PROVIDER
+    extra = tenants.Tally()
+
     async def go() -> cursors.Cursor:
         concurrency = concurrency_for(rate)
-        api = None if credentials is None else UsersApi(
+        client = None if credentials is None else ServiceClient(
             credentials.base_url, credentials.api_key, rate=rate, concurrency=concurrency,
             note=reporter.note)
         try:
-            return await run(fmt, path, cursor=cursor, api=api, concurrency=concurrency,
-                             reporter=reporter, persist=not dry_run)
+            orgs = await tenants.organizations(client, formats.tenants(path), extra) \
+                if multi_tenant else {}
+            done = await run(fmt, path, cursor=cursor,
+                             api=None if client is None else UsersApi(client),
+                             concurrency=concurrency, reporter=reporter, persist=not dry_run)
+            if multi_tenant:
+                await tenants.memberships(client, fmt, path, orgs, extra)
+            return done
         finally:
-            if api is not None:
-                await api.close()
+            if client is not None:
+                await client.close()
 
     try:
         done = asyncio.run(go())
@@ -147,5 +159,5 @@ def import_users(provider: str, file: str, *, dry_run: bool, rate: float, profil
                      f"{cursors.path_for(path)})", 1)
     reporter.close()
     lines = summary(done)
-    print(*lines[:-1], NOT_IMPORTED, lines[-1], sep="\n")
-    return 1 if done.tally["errored"] else 0
+    print(*lines[:-1], *(extra.lines() if multi_tenant else [NOT_IMPORTED]), lines[-1], sep="\n")
+    return 1 if done.tally["errored"] or extra.memberships["errored"] or extra.errors else 0

@@ -12,6 +12,9 @@
     authio import PROVIDER --file PATH [--dry-run] [--rate-limit-rps N] [--profile P] [--force]
                                   create users from an auth0, firebase, cognito, supabase or
                                   clerk export (docs/imports.md)
+    authio import descope --input PATH [...]
+                                  the same, with tenants as organizations and roles as
+                                  memberships
 
 Logs are JSON lines on standard error (common.logging); traces follow the OTEL_* variables
 (common.telemetry; spans on standard output by default).
@@ -60,9 +63,10 @@ def _write_openapi(out: str | None) -> int:
     return 0
 
 
-PROVIDERS = ("auth0", "clerk", "cognito", "firebase", "supabase")
-"""What ``authio import`` takes (``control_plane.imports.formats.PROVIDERS``, not imported here:
-``authio serve`` starts without the parsers)."""
+PROVIDERS = ("auth0", "clerk", "cognito", "descope", "firebase", "supabase")
+"""What ``authio import`` takes: ``control_plane.imports.formats.PROVIDERS`` (``--file``) and the
+multi-tenant ``descope`` (``--input``); not imported here, so ``authio serve`` starts without the
+parsers."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,8 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     importing = sub.add_parser("import", help="create users from another provider's export")
     importing.add_argument("provider", choices=PROVIDERS,
                            help="where the export comes from")
-    importing.add_argument("--file", required=True, help="the export file (any of the "
-                                                         "provider's formats; .gz too)")
+    source = importing.add_mutually_exclusive_group(required=True)
+    source.add_argument("--file", help="the export file (any of the provider's formats; .gz too)")
+    source.add_argument("--input", help="the multi-tenant export (descope: its tenants and users)")
     importing.add_argument("--dry-run", action="store_true",
                            help="parse and count without sending anything")
     importing.add_argument("--rate-limit-rps", type=float, default=50.0,
@@ -112,7 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "import":
         from control_plane.cli.import_users import import_users
 
-        sys.exit(import_users(args.provider, args.file, dry_run=args.dry_run,
+        flag = "--input" if args.provider == "descope" else "--file"
+        given = args.input if args.provider == "descope" else args.file
+        if given is None:
+            importing.error(f"{args.provider} takes {flag}")
+        sys.exit(import_users(args.provider, given, dry_run=args.dry_run,
                               rate=args.rate_limit_rps, profile=args.profile, force=args.force))
     if args.command == "kms-key":
         sys.exit(_write_kms_key(args.file))

@@ -1,14 +1,12 @@
 """One import run: the records of an export, deduplicated, skipped or sent to ``POST
-/v1/users``, paced and retried, with the cursor kept (SPEC.md 4 "Import tool").
+/v1/users``, with the cursor kept (SPEC.md 4 "Import tool").
 
 * Each eligible record becomes ``POST /v1/users`` with ``email_verified: true`` (rule 2), its
   name and ``metadata.import`` (the origin and its id; never password material): 201 counts
-  ``created``, 200 ``existed`` (rule 1), any other 4xx ``errored`` with its message.
-* Requests are paced by ``rate`` per second (aiolimiter's leaky bucket, every attempt counted)
-  with up to ``concurrency`` in flight. 429 and 5xx are retried (tenacity) after their
-  ``Retry-After``, else exponential backoff with jitter, up to :data:`HTTP_ATTEMPTS` attempts;
-  a network failure pauses the record and retries it without end (it is never skipped), and the
-  run says once that it paused and once that it resumed. A 401 or 403 stops the run
+  ``created``, 200 ``existed`` (rule 1), any other answer ``errored`` with its message.
+* Up to ``concurrency`` requests are in flight, paced and retried by the
+  :class:`~control_plane.imports.client.ServiceClient` (429 and 5xx retried honouring
+  ``Retry-After``, a network failure paused and never skipped); a 401 or 403 stops the run
   (:class:`ImportAborted`): every later request would fail the same way.
 * The cursor (``cursor``) is saved every :data:`SAVE_SECONDS` and when the run stops for any
   reason; a run that reaches the end removes it. Records a resumed run finds done are only
@@ -21,63 +19,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
 
-import aiohttp
-import orjson
-from aiolimiter import AsyncLimiter
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
-
 from control_plane.imports import cursor as cursors
+from control_plane.imports.client import HTTP_ATTEMPTS, ImportAborted, ServiceClient, message
 from control_plane.imports.cursor import Cursor
 from control_plane.imports.formats import BadRecord, Candidate, Deduper, Format
 
-HTTP_ATTEMPTS: Final = 10
-"""Attempts of one record answered 429 or 5xx before it counts ``errored``."""
-MAX_RETRY_AFTER: Final = 300.0
 SAVE_SECONDS: Final = 0.5
 KEPT_ERRORS: Final = 1000
 """Error messages kept in the cursor (the tally counts them all)."""
-USER_AGENT: Final = "authio-import/1"
-
-
-class ImportAborted(Exception):
-    """The service refused the key (401/403): nothing more can be imported with it."""
-
-
-class _Again(Exception):
-    """A 429 or 5xx answer: try the record again."""
-
-    def __init__(self, status: int, retry_after: float | None, message: str) -> None:
-        super().__init__(message)
-        self.status, self.retry_after = status, retry_after
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return min(MAX_RETRY_AFTER, max(0.0, float(value))) if value else None
-    except ValueError:
-        return None  # an HTTP date: backoff decides
-
-
-_BACKOFF: Final = wait_exponential_jitter(initial=0.5, max=30.0)
-
-
-def _wait(state: RetryCallState) -> float:
-    """``Retry-After`` when the answer gave one, else exponential backoff with jitter."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    if isinstance(exc, _Again) and exc.retry_after is not None:
-        return exc.retry_after
-    return _BACKOFF(state)
-
-
-def _stop(state: RetryCallState) -> bool:
-    """Network failures never stop; HTTP answers stop after :data:`HTTP_ATTEMPTS`."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    return isinstance(exc, _Again) and state.attempt_number >= HTTP_ATTEMPTS
 
 
 class Reporter(Protocol):
@@ -88,65 +42,21 @@ class Reporter(Protocol):
 
 
 class UsersApi:
-    """``POST /v1/users`` on a control plane, paced and retried (module docstring)."""
+    """``POST /v1/users`` through a :class:`ServiceClient` (paced and retried)."""
 
-    def __init__(self, base_url: str, api_key: str, *, rate: float, concurrency: int,
-                 note: Callable[[str], None]) -> None:
-        self._url = base_url.rstrip("/") + "/v1/users"
-        self._headers = {"Authorization": f"Bearer {api_key}", "User-Agent": USER_AGENT,
-                         "Content-Type": "application/json"}
-        self._limiter = AsyncLimiter(rate, 1.0)
-        self._http = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=30),
-            connector=aiohttp.TCPConnector(limit=concurrency))
-        self._note = note
-        self._paused = False
-
-    async def close(self) -> None:
-        await self._http.close()
-
-    async def _post(self, body: bytes) -> tuple[str, str | None]:
-        async with self._limiter, self._http.post(self._url, data=body,
-                                                  headers=self._headers) as r:
-            text = await r.read()
-        if self._paused:
-            self._paused = False
-            self._note("the service answers again: resumed")
-        if r.status in (201, 200):
-            return ("created" if r.status == 201 else "existed"), None
-        try:
-            error = orjson.loads(text)["error"]
-            message = f"{error['code']}: {error['message']}"
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            message = f"HTTP {r.status}"
-        if r.status in (401, 403):
-            raise ImportAborted(f"the service refused the key ({message}); sign in again "
-                                "with `authio login`")
-        if r.status == 429 or r.status >= 500:
-            raise _Again(r.status, _retry_after(r.headers.get("Retry-After")), message)
-        return "errored", message
-
-    def _paused_by(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, (aiohttp.ClientError, TimeoutError)) and not self._paused:
-            self._paused = True
-            self._note(f"cannot reach the service ({type(exc).__name__}: {exc}); paused, "
-                       "retrying (nothing is skipped)")
+    def __init__(self, client: ServiceClient) -> None:
+        self._client = client
 
     async def create(self, candidate: Candidate) -> tuple[str, str | None]:
-        """``(outcome, error message)`` of creating ``candidate``'s user. Raises
-        ImportAborted."""
-        body = orjson.dumps({"email": candidate.email, "email_verified": True,
-                             "name": candidate.name, "metadata": candidate.metadata})
-        try:
-            async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type((_Again, aiohttp.ClientError, TimeoutError)),
-                    wait=_wait, stop=_stop, before_sleep=self._paused_by, reraise=True):
-                with attempt:
-                    return await self._post(body)
-        except _Again as err:
-            return "errored", f"{err} (after {HTTP_ATTEMPTS} attempts)"
-        raise AssertionError("unreachable")
+        """``(outcome, error message)`` of creating ``candidate``'s user: ``created`` (201),
+        ``existed`` (200) or ``errored``. Raises ImportAborted."""
+        status, body = await self._client.request("POST", "/v1/users", {
+            "email": candidate.email, "email_verified": True, "name": candidate.name,
+            "metadata": candidate.metadata})
+        if status in (200, 201):
+            return ("created" if status == 201 else "existed"), None
+        retried = f" (after {HTTP_ATTEMPTS} attempts)" if status == 429 or status >= 500 else ""
+        return "errored", message(body, status) + retried
 
 
 @dataclass(slots=True)

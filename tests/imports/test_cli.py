@@ -181,3 +181,58 @@ async def test_login_import_logout(project: Project, tmp_path: Path) -> None:
     assert out_.code == 0 and "revoked" in out_.out, out_
     assert "[staging]" not in text_and_mode(credentials)[0]
     assert (await project.api.with_key(key[1]).get("/v1/users")).status == 401
+
+
+async def _members(api: Api) -> dict[str, dict[str, str]]:
+    """Organization name -> {user e-mail (lower case): role}."""
+    emails = {u["id"]: u["email"].lower() for u in await users_of(api)}
+    out: dict[str, dict[str, str]] = {}
+    r = await api.get("/v1/organizations?limit=100")
+    for org in r.body["data"]:
+        page = await api.get(f"/v1/organizations/{org['id']}/memberships?limit=100")
+        out[org["name"]] = {emails[m["user_id"]]: m["role"] for m in page.body["data"]}
+    return out
+
+
+async def test_the_multi_tenant_importer(service: Api, tmp_path: Path) -> None:
+    """Descope: tenants become organizations one to one (self-provisioning domains kept),
+    tenant roles memberships (rule 6's mapping), custom attributes ``metadata.custom``, the
+    OAuth providers and TOTP flag kept; a second run finds everything."""
+    name = "descope/project-export.json"
+    expected = EXPECTED[name]
+    project = await bootstrap_project(service, "tenants")
+    file = tmp_path / "export.json"
+    shutil.copy(DATA / name, file)
+    env = as_project(project, tmp_path / "config")
+    first = await authio("import", "descope", "--input", str(file), "--rate-limit-rps", "1000",
+                         env=env)
+    assert first.code == 0, first.err
+    assert first.last_line == _line(expected["first_run"])
+    roles = expected["memberships"]["by_role"]
+    assert "organizations: created 5, existed 0" in first.out
+    assert (f"memberships: created {expected['memberships']['total']} (admin {roles['admin']}, "
+            f"member {roles['member']}, owner {roles['owner']}), existed 0, errored 0") in first.out
+
+    orgs = {o["name"]: o for o in (await project.api.get("/v1/organizations?limit=100")).body["data"]}
+    assert {n: o["metadata"]["self_provisioning_domains"] for n, o in orgs.items()} == \
+        expected["organizations"]["self_provisioning_domains"]
+    members = await _members(project.api)
+    assert {n: len(m) for n, m in members.items()} == expected["organizations"]["members_per_org"]
+    users = {u["email"].lower(): u for u in await users_of(project.api)}
+    for person in expected["per_user"]:
+        if person["outcome"] != "created":
+            continue
+        user = users[person["email"].lower()]
+        assert user["metadata"]["custom"] == person["metadata_custom"]
+        assert user["metadata"]["import"]["oauth_providers"] == person["oauth_providers"]
+        assert user["metadata"]["import"]["totp_enrolled"] == person["totp_enrolled"]
+        assert {m["tenant"]: m["role"] for m in person["memberships"]} == {
+            org: roles_[person["email"].lower()] for org, roles_ in members.items()
+            if person["email"].lower() in roles_}
+
+    second = await authio("import", "descope", "--input", str(file), "--rate-limit-rps", "1000",
+                          env=env)
+    assert second.code == 0, second.err
+    assert second.last_line == _line(expected["second_run"])
+    assert "organizations: created 0, existed 5" in second.out
+    assert f"memberships: created 0, existed {expected['memberships']['total']}" in second.out

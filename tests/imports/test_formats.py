@@ -418,7 +418,8 @@ def test_nulls_in_the_json_formats(tmp_path: Path) -> None:
     (user,) = parse("descope", descope)
     assert (user.skip, user.name, user.memberships, user.oauth_providers, user.totp_enrolled) == (
         None, "", (), (), False)
-    assert user.metadata == {"import": {"provider": "descope", "id": "U1"}, "custom": {}}
+    assert user.metadata == {"import": {"provider": "descope", "id": "U1", "oauth_providers": [],
+                                        "totp_enrolled": False}, "custom": {}}
 
 
 def test_mixed_case_emails_are_kept_and_deduplicated_case_insensitively(tmp_path: Path) -> None:

@@ -84,12 +84,18 @@ def convert(index: int, raw: Any) -> Candidate:
         raise ValueError("customAttributes is not an object")
     oauth = user.get("OAuth") or {}
     providers = tuple(sorted(p for p, on in oauth.items() if on is True)) if isinstance(oauth, dict) else ()
+    totp = flag(user.get("TOTP"))
+    # Kept where the user's record carries them (SPEC.md 4 rule 6): the providers the user
+    # signed in with and whether TOTP was enrolled (Descope exports no subject ids or secrets,
+    # EXPECTED.md A12: the user links and enrols again).
+    origin = {"provider": PROVIDER, "id": origin_id, "oauth_providers": list(providers),
+              "totp_enrolled": totp}
     return Candidate(
         index=index, origin_id=origin_id, email=email,
         name=display_name(user.get("name"), user.get("givenName"), user.get("middleName"), user.get("familyName")),
-        skip=skip, metadata={"import": {"provider": PROVIDER, "id": origin_id}, "custom": custom},
+        skip=skip, metadata={"import": origin, "custom": custom},
         memberships=memberships(user.get("userTenants")), oauth_providers=providers,
-        totp_enrolled=flag(user.get("TOTP")))
+        totp_enrolled=totp)
 
 
 def _document(path: Path) -> dict[str, Any]:
