@@ -11,7 +11,7 @@
     authio logout [--profile P]   revoke that key and forget it
     authio import PROVIDER --file PATH [--dry-run] [--rate-limit-rps N] [--profile P] [--force]
                                   create users from an auth0, firebase, cognito, supabase or
-                                  clerk export (docs/imports.md)
+                                  clerk export (README: "Importing users")
     authio import descope --input PATH [...]
                                   the same, with tenants as organizations and roles as
                                   memberships
