@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     magic_link_ttl_seconds: Annotated[int, Field(ge=60, le=86_400)] = Field(
         900, validation_alias=_env("SERVICE_MAGIC_LINK_TTL_SECONDS")
     )
+    descope_api_url: str = Field(
+        "https://api.descope.com", validation_alias=_env("SERVICE_DESCOPE_API_URL"))
+    """The Descope management API the multi-tenant importer's live mode reads."""
     device_code_ttl_seconds: Annotated[int, Field(ge=60, le=3600)] = Field(
         900, validation_alias=_env("SERVICE_DEVICE_CODE_TTL_SECONDS")
     )
@@ -266,7 +269,7 @@ class Settings(BaseSettings):
         return v
 
     @field_validator("oauth_google_issuer", "oauth_microsoft_issuer", "oauth_apple_issuer",
-                     "oauth_github_base_url", "oauth_github_api_url")
+                     "oauth_github_base_url", "oauth_github_api_url", "descope_api_url")
     @classmethod
     def _oauth_url(cls, v: str) -> str:
         problem = provider_url_problem(v)

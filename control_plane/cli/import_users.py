@@ -13,11 +13,14 @@ usage (an unknown format, a changed file without ``--force``, no credentials).""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
+import platformdirs
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -27,10 +30,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from control_plane.cli.login import LoginError, load
+from control_plane.cli.login import Credentials, LoginError, load
 from control_plane.imports import cursor as cursors
 from control_plane.imports import formats, tenants
-from control_plane.imports.client import ImportAborted, ServiceClient
+from control_plane.imports.client import ImportAborted, ServiceClient, message
 from control_plane.imports.run import (
     UsersApi,
     concurrency_for,
@@ -95,14 +98,71 @@ class PlainReporter:
         pass
 
 
+def live_path(source_project_id: str) -> Path:
+    """Where live mode keeps the origin project's export: the user's cache directory."""
+    folder = Path(platformdirs.user_cache_dir("authio"))
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in source_project_id)[:100]
+    return folder / f"descope-{safe}.json"
+
+
+async def fetch_live(credentials: Credentials, source_project_id: str, token: str,
+                     path: Path) -> None:
+    """Live mode (SPEC.md 4 rule 6): hand the origin's management token to the service (sealed
+    there, for 24 hours at most), download the origin project's export through it into the
+    file ``path`` (mode 0600), and delete the credential whatever happened. A re-run downloads
+    again to the same place, so an unchanged origin resumes. Raises LiveError."""
+    base = credentials.base_url
+    headers = {"Authorization": f"Bearer {credentials.api_key}"}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
+                                     headers=headers) as http:
+        async with http.post(f"{base}/v1/imports/credentials", json={
+                "provider": "descope", "source_project_id": source_project_id,
+                "token": token}) as r:
+            made = await r.json(content_type=None)
+            if r.status != 201:
+                raise LiveError(f"the service refused the live token ({message(made, r.status)})")
+        credential = f"{base}/v1/imports/credentials/{made['id']}"
+        try:
+            async with http.get(f"{credential}/export") as r:
+                if r.status != 200:
+                    problem = message(await r.json(content_type=None), r.status)
+                    raise LiveError(f"the origin could not be read ({problem})")
+                tmp = path.with_name(path.name + ".tmp")
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    async for chunk in r.content.iter_chunked(1 << 16):
+                        f.write(chunk)
+                os.replace(tmp, path)
+        except aiohttp.ClientPayloadError:
+            raise LiveError("the origin's export was cut short; run the command again") from None
+        finally:
+            async with http.delete(credential):
+                pass
+
+
+class LiveError(Exception):
+    """Live mode could not get the origin's export; the message says why."""
+
+
 def _fail(message: str, code: int = 2) -> int:
     print(f"authio import: {message}", file=sys.stderr)
     return code
 
 
-def import_users(provider: str, file: str, *, dry_run: bool, rate: float, profile: str | None,
-                 force: bool) -> int:
-    """The command (module docstring); its exit status."""
+def import_users(provider: str, file: str | None, *, dry_run: bool, rate: float,
+                 profile: str | None, force: bool,
+                 live: tuple[str, str] | None = None) -> int:
+    """The command (module docstring); its exit status. ``live`` is (source project id,
+    management token): the file is then downloaded from the origin first."""
+    if live is not None:
+        try:
+            file = str(live_path(live[0]))
+            asyncio.run(fetch_live(load(profile), *live, Path(file)))
+        except (LiveError, LoginError, aiohttp.ClientError) as err:
+            return _fail(f"live mode: {err}", 2 if isinstance(err, LoginError) else 1)
+        print(f"downloaded the origin project {live[0]} to {file}", file=sys.stderr)
+    assert file is not None
     path = Path(file)
     if not path.is_file():
         return _fail(f"{file}: no such file")

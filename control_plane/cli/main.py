@@ -12,7 +12,7 @@
     authio import PROVIDER --file PATH [--dry-run] [--rate-limit-rps N] [--profile P] [--force]
                                   create users from an auth0, firebase, cognito, supabase or
                                   clerk export (README: "Importing users")
-    authio import descope --input PATH [...]
+    authio import descope (--input PATH | --live-token T --source-project-id P) [...]
                                   the same, with tenants as organizations and roles as
                                   memberships
 
@@ -95,9 +95,13 @@ def main(argv: list[str] | None = None) -> None:
     importing = sub.add_parser("import", help="create users from another provider's export")
     importing.add_argument("provider", choices=PROVIDERS,
                            help="where the export comes from")
-    source = importing.add_mutually_exclusive_group(required=True)
+    source = importing.add_mutually_exclusive_group()
     source.add_argument("--file", help="the export file (any of the provider's formats; .gz too)")
     source.add_argument("--input", help="the multi-tenant export (descope: its tenants and users)")
+    importing.add_argument("--live-token", help="descope live mode: the origin project's "
+                                                "management key (read once by the service, "
+                                                "sealed, deleted within 24 hours)")
+    importing.add_argument("--source-project-id", help="descope live mode: the origin project")
     importing.add_argument("--dry-run", action="store_true",
                            help="parse and count without sending anything")
     importing.add_argument("--rate-limit-rps", type=float, default=50.0,
@@ -117,12 +121,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.command == "import":
         from control_plane.cli.import_users import import_users
 
-        flag = "--input" if args.provider == "descope" else "--file"
-        given = args.input if args.provider == "descope" else args.file
-        if given is None:
-            importing.error(f"{args.provider} takes {flag}")
+        live = (args.source_project_id, args.live_token) \
+            if args.live_token or args.source_project_id else None
+        if args.provider == "descope":
+            if live is not None and not all(live):
+                importing.error("live mode takes both --live-token and --source-project-id")
+            if (live is None) == (args.input is None):
+                importing.error("descope takes --input, or --live-token and --source-project-id")
+            given = args.input
+        else:
+            if live is not None or args.input is not None:
+                importing.error(f"{args.provider} takes --file (live mode and --input are the "
+                                "multi-tenant importer's: descope)")
+            if args.file is None:
+                importing.error(f"{args.provider} takes --file")
+            given = args.file
         sys.exit(import_users(args.provider, given, dry_run=args.dry_run,
-                              rate=args.rate_limit_rps, profile=args.profile, force=args.force))
+                              rate=args.rate_limit_rps, profile=args.profile, force=args.force,
+                              live=live))
     if args.command == "kms-key":
         sys.exit(_write_kms_key(args.file))
     if args.command == "openapi":

@@ -1,32 +1,41 @@
-"""CLI login routes: the device authorization grant (RFC 8628) and its approval page."""
+"""Import tool routes: the device authorization grant (RFC 8628) and its approval page, and the
+multi-tenant importer's live-mode credentials."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Final
 
 from aiohttp import web
 
-from common.errors import InsufficientScope, InvalidRequest
+from common.errors import InsufficientScope, InvalidRequest, NotFound, ServiceUnavailable
+from common.http import request_id
 from common.routing import Reply, RouteTable
 from common.schemas import M, parse_body, parse_model
+from control_plane.appkeys import KMS
 from control_plane.imports import service
 from control_plane.imports.page import APPROVAL_PAGE
 from control_plane.imports.schemas import (
     Approval,
     ApproveBody,
+    CredentialBody,
     DeviceCode,
     DeviceCodeBody,
     DeviceToken,
     DeviceTokenBody,
     DeviceTokenError,
+    ImportCredential,
 )
 from control_plane.web import auth
 from control_plane.web.actor import Call
 from control_plane.web.endpoint import endpoint
 from control_plane.web.pages import page
 
-routes = RouteTable("cli", "Signing the command-line tool in: the OAuth 2.0 device authorization "
-                           "grant (RFC 8628) and the page where an operator approves it.")
+log = logging.getLogger("authio.imports")
+
+routes = RouteTable("cli", "The import tool: signing it in (the OAuth 2.0 device authorization "
+                           "grant, RFC 8628, and the page where an operator approves it) and the "
+                           "multi-tenant importer's live-mode credentials.")
 
 _FORM: Final = "application/x-www-form-urlencoded"
 _NO_STORE: Final = {"Cache-Control": "no-store", "Pragma": "no-cache"}  # RFC 6749 5.1
@@ -105,3 +114,62 @@ async def get_device_page(call: Call) -> web.Response:
     query), the operator's full-access API key, and Approve and Deny buttons that call
     `POST /v1/cli/device/approve`. The key stays in the page (never stored)."""
     return page(lambda nonce: APPROVAL_PAGE.format(nonce=nonce))
+
+
+IMPORTS_WRITE: Final = auth.ApiKey("users:write")
+_CREDENTIAL_PATH: Final = "/v1/imports/credentials/{credential_id}"
+
+
+@endpoint(routes, "POST", "/v1/imports/credentials", auth=IMPORTS_WRITE, errors=[InvalidRequest],
+          replies=[Reply(201, "Stored, sealed, for 24 hours at most.", ImportCredential)])
+async def post_import_credential(call: Call, body: CredentialBody) -> web.Response:
+    """Hand the service an origin project's management token for a live multi-tenant import
+    (`authio import descope --live-token ... --source-project-id ...`).
+
+    The token is envelope-encrypted at once and never shown again; the credential is deleted
+    by `DELETE` or, at the latest, 24 hours after it was stored."""
+    async with call.connection() as conn:
+        credential = await service.create_credential(conn, call.actor, body=body,
+                                                     kms=call.app[KMS])
+    return call.reply(credential, status=201)
+
+
+@endpoint(routes, "GET", _CREDENTIAL_PATH + "/export", auth=IMPORTS_WRITE, allow_head=False,
+          errors=[NotFound, InvalidRequest, ServiceUnavailable],
+          replies=[Reply(200, "The origin project's tenants and users, "
+                              '`{"tenants": [...], "users": [...], "total": n}`, streamed.',
+                         content_type="application/json", envelope=False)])
+async def get_import_credential_export(call: Call) -> web.StreamResponse:
+    """Read the origin project through the credential: its tenants, then its users page by
+    page, as one JSON document the multi-tenant importer takes as `--input`.
+
+    404 for an unknown or expired credential; 400 `invalid_request` naming `token` when the
+    origin refuses it; 503 when the origin cannot be read. A failure once the answer has
+    started cuts the transfer short (the document is then incomplete JSON)."""
+    chunks = await service.open_export(call.pool, call.project_id,
+                                       credential_id=call.path("credential_id"),
+                                       kms=call.app[KMS], settings=call.settings)
+    response = web.StreamResponse(headers={"X-Request-Id": request_id(call.request),
+                                           "Cache-Control": "no-store"})
+    response.content_type = "application/json"
+    await response.prepare(call.request)
+    try:
+        async for chunk in chunks:
+            await response.write(chunk)
+    except Exception:
+        log.exception("live import export failed mid-stream")
+        if call.request.transport is not None:
+            call.request.transport.abort()
+        return response
+    await response.write_eof()
+    return response
+
+
+@endpoint(routes, "DELETE", _CREDENTIAL_PATH, auth=IMPORTS_WRITE, errors=[NotFound],
+          replies=[Reply(200, "Deleted.", ImportCredential)])
+async def delete_import_credential(call: Call) -> web.Response:
+    """Forget a live-import credential now (what `authio import` does once it has the export)."""
+    async with call.connection() as conn:
+        credential = await service.delete_credential(conn, call.actor,
+                                                     credential_id=call.path("credential_id"))
+    return call.reply(credential)

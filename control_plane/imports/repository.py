@@ -44,3 +44,25 @@ async def purge(pool: asyncpg.Pool, *, older_than: timedelta) -> int:
     status = await pool.execute(
         "DELETE FROM device_authorizations WHERE expires_at < now() - $1::interval", older_than)
     return int(status.split()[-1])
+
+
+CREDENTIAL_COLUMNS: Final = "id, provider, source_project_id, created_at, expires_at"
+
+INSERT_CREDENTIAL: Final = f"""
+INSERT INTO import_credentials (id, project_id, provider, source_project_id, token_sealed,
+                                created_by_key_id, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, now() + $7::interval)
+RETURNING {CREDENTIAL_COLUMNS}"""
+
+CREDENTIAL: Final = f"""
+SELECT {CREDENTIAL_COLUMNS}, token_sealed FROM import_credentials
+WHERE id = $1 AND project_id = $2 AND expires_at > now()"""
+
+DELETE_CREDENTIAL: Final = f"""
+DELETE FROM import_credentials WHERE id = $1 AND project_id = $2 RETURNING {CREDENTIAL_COLUMNS}"""
+
+
+async def purge_credentials(pool: asyncpg.Pool) -> int:
+    """Delete every live-mode credential past its ``expires_at``; how many."""
+    status = await pool.execute("DELETE FROM import_credentials WHERE expires_at <= now()")
+    return int(status.split()[-1])

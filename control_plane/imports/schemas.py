@@ -1,13 +1,15 @@
 """Bodies of the device authorization grant behind ``authio login`` (RFC 8628; DESIGN.md "CLI
-login and import")."""
+login and import") and of the multi-tenant importer's live-mode credentials."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, Field, StringConstraints
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
 
+from common.auth import SCOPES
 from common.schemas import RequestModel
 from control_plane.tenancy.schemas import Scope, known_scopes
 
@@ -22,6 +24,9 @@ IMPORT_SCOPES: Final = ("organizations:write", "users:read", "users:write")
 Scopes = Annotated[list[Scope], AfterValidator(known_scopes), Field(
     min_length=1, description="Scopes of the CLI's new key (never empty: a device never gets "
                               "full access).")]
+_SCOPE: Final = "(?:" + "|".join(sorted(SCOPES)) + ")"
+SCOPE_PATTERN: Final = f"^(?:{_SCOPE}(?: {_SCOPE})*)?$"
+"""Space-separated scope names (RFC 6749 3.3), each of DESIGN.md's list."""
 DeviceError = Literal["authorization_pending", "slow_down", "expired_token", "access_denied",
                       "invalid_grant", "invalid_request", "unsupported_grant_type"]
 
@@ -31,7 +36,7 @@ class DeviceCodeBody(RequestModel):
 
     client_id: Annotated[str, StringConstraints(min_length=1, max_length=100,
                                                 pattern=r"^[!-~]+$")] = "authio-cli"
-    scope: Annotated[str, StringConstraints(max_length=500, pattern=r"^[a-z:_ ]*$"), Field(
+    scope: Annotated[str, StringConstraints(max_length=500, pattern=SCOPE_PATTERN), Field(
         description="Space-separated scopes asked for (default: what an import needs); the "
                     "approver decides.")] | None = None
 
@@ -51,7 +56,8 @@ class DeviceCode:
 class DeviceTokenBody(RequestModel):
     """``POST /v1/cli/device/token`` (form or JSON; RFC 8628 3.4)."""
 
-    grant_type: Annotated[str, StringConstraints(max_length=200)]
+    grant_type: Annotated[str, StringConstraints(max_length=200), WithJsonSchema(
+        {"type": "string", "enum": [GRANT_TYPE]})]
     device_code: Annotated[str, StringConstraints(min_length=1, max_length=200)]
     client_id: Annotated[str, StringConstraints(max_length=100)] | None = None
 
@@ -96,3 +102,27 @@ class Approval:
     scopes: list[str]
     client_id: str
     expires_in: int
+
+
+class CredentialBody(RequestModel):
+    """``POST /v1/imports/credentials``: a management token of an origin's project, for the
+    multi-tenant importer's live mode (sealed at once, never shown again)."""
+
+    provider: Annotated[Literal["descope"], Field(description="The origin provider.")]
+    source_project_id: Annotated[str, StringConstraints(min_length=1, max_length=200,
+                                                        pattern=r"^[!-~]+$"), Field(
+        description="The origin's project id (Descope's `P...`).")]
+    token: Annotated[str, StringConstraints(min_length=1, max_length=4096, pattern=r"^[!-~]+$"),
+                     Field(description="The origin's management key; stored sealed, deleted "
+                                       "within 24 hours.")]
+
+
+@dataclass(frozen=True, slots=True)
+class ImportCredential:
+    """A live-mode credential as the API shows it (never its token)."""
+
+    id: str
+    provider: str
+    source_project_id: str
+    created_at: datetime
+    expires_at: datetime

@@ -13,35 +13,44 @@ import").
   ``access_denied``; past its lifetime: ``expired_token``; approved: a new ``sk_live_`` key of
   the project is created in the poll's transaction (``api_key.created`` by the approving key,
   ``via: device_authorization``) and answered once; any later poll is ``invalid_grant``.
+
+The multi-tenant importer's live mode (SPEC.md 4 rule 6): :func:`create_credential` seals an
+origin's management token (KMS envelope encryption, bound to the row and project) for at most
+24 hours, :func:`open_export` reads the origin through it (``live``), :func:`delete_credential`
+forgets it when the CLI is done, and the imports worker deletes whatever is older.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Literal
 from urllib.parse import urlencode
 
 import asyncpg
 
-from common.auth import SCOPES
-from common.errors import InvalidRequest
+from common.errors import InvalidRequest, NotFound, ServiceUnavailable
 from common.ids import new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
-from control_plane.imports import repository
+from control_plane.imports import live, repository
 from control_plane.imports.schemas import (
     GRANT_TYPE,
     IMPORT_SCOPES,
     USER_CODE_ALPHABET,
     Approval,
     ApproveBody,
+    CredentialBody,
     DeviceCode,
     DeviceCodeBody,
     DeviceError,
     DeviceToken,
     DeviceTokenBody,
+    ImportCredential,
 )
+from control_plane.kms import LocalKms
 from control_plane.tenancy import service as tenancy
 from control_plane.web.actor import Actor
 
@@ -83,9 +92,6 @@ def normalized(user_code: str) -> str:
 async def start(pool: asyncpg.Pool, *, body: DeviceCodeBody, settings: Settings) -> DeviceCode:
     """A new pending device authorization (RFC 8628 3.1/3.2)."""
     requested = sorted(set(body.scope.split())) if body.scope else None
-    unknown = sorted(set(requested or ()) - SCOPES)
-    if unknown:
-        raise InvalidRequest.field("scope", f"names unknown scopes {unknown}")
     device_code = secrets.token_urlsafe(32)
     ttl, interval = settings.device_code_ttl_seconds, settings.device_code_interval_seconds
     while True:  # a user code already in use is drawn again (1 in 25 billion per live code)
@@ -166,3 +172,81 @@ async def decide(conn: asyncpg.Connection, actor: Actor, *, body: ApproveBody) -
     return Approval(user_code=shown(normalized(body.user_code)), status=status,
                     project_id=actor.project_id, scopes=scopes if status == "approved" else [],
                     client_id=row["client_id"], expires_in=row["expires_in"])
+
+
+# --- live-mode credentials (SPEC.md 4 rule 6) -----------------------------------------------------
+
+CREDENTIAL_LIFETIME = timedelta(hours=24)
+"""A live-mode credential is deleted by then (the CLI deletes it sooner, when done)."""
+
+
+def _aad(credential_id: str, project_id: str) -> bytes:
+    return f"import_credential:{credential_id}:{project_id}".encode()
+
+
+def _credential(row: asyncpg.Record) -> ImportCredential:
+    return ImportCredential(row["id"], row["provider"], row["source_project_id"],
+                            row["created_at"], row["expires_at"])
+
+
+async def create_credential(conn: asyncpg.Connection, actor: Actor, *, body: CredentialBody,
+                            kms: LocalKms) -> ImportCredential:
+    """Seal and keep an origin's management token for 24 hours (``import.credential.created``,
+    which names the origin project, never the token)."""
+    assert actor.project_id is not None
+    credential_id = new_id("impc")
+    async with conn.transaction():
+        row = await conn.fetchrow(
+            repository.INSERT_CREDENTIAL, credential_id, actor.project_id, body.provider,
+            body.source_project_id, kms.seal(body.token.encode(), _aad(credential_id,
+                                                                       actor.project_id)),
+            actor.api_key_id, CREDENTIAL_LIFETIME)
+        await audit.record(
+            conn, actor, action="import.credential.created", target_type="import_credential",
+            target_id=credential_id,
+            description=f"Stored a {body.provider} token for a live import (24 hours)",
+            metadata={"provider": body.provider, "source_project_id": body.source_project_id})
+    return _credential(row)
+
+
+async def delete_credential(conn: asyncpg.Connection, actor: Actor, *,
+                            credential_id: str) -> ImportCredential:
+    """Delete the credential now (``import.credential.deleted``). Raises NotFound."""
+    assert actor.project_id is not None
+    async with conn.transaction():
+        row = await conn.fetchrow(repository.DELETE_CREDENTIAL, credential_id, actor.project_id)
+        if row is None:
+            raise NotFound("No live-import credential with that id in this project.")
+        await audit.record(
+            conn, actor, action="import.credential.deleted", target_type="import_credential",
+            target_id=credential_id, description="Deleted a live-import token",
+            metadata={"provider": row["provider"]})
+    return _credential(row)
+
+
+async def open_export(pool: asyncpg.Pool, project_id: str, *, credential_id: str,
+                      kms: LocalKms, settings: Settings) -> AsyncIterator[bytes]:
+    """The origin project's export document in chunks (``live.export``), its first chunk
+    already read, so that what refuses it is raised here: NotFound (no such live credential,
+    or expired), InvalidRequest naming ``token`` (the origin refused it),
+    ServiceUnavailable (the origin could not be read)."""
+    row = await pool.fetchrow(repository.CREDENTIAL, credential_id, project_id)
+    if row is None:
+        raise NotFound("No live-import credential with that id in this project (they last "
+                       "24 hours).")
+    token = kms.open(row["token_sealed"], _aad(credential_id, project_id)).decode()
+    chunks = live.export(settings.descope_api_url, row["source_project_id"], token)
+    try:
+        first = await anext(chunks)
+    except live.OriginError as err:
+        await chunks.aclose()
+        if err.refused:
+            raise InvalidRequest.field("token", f"{err}: store a valid management key") from None
+        raise ServiceUnavailable(f"{err}; retry shortly.", details={"retry_after": 5},
+                                 headers={"Retry-After": "5"}) from None
+
+    async def rest() -> AsyncIterator[bytes]:
+        yield first
+        async for chunk in chunks:
+            yield chunk
+    return rest()
