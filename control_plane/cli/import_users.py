@@ -159,7 +159,7 @@ def import_users(provider: str, file: str | None, *, dry_run: bool, rate: float,
         try:
             file = str(live_path(live[0]))
             asyncio.run(fetch_live(load(profile), *live, Path(file)))
-        except (LiveError, LoginError, aiohttp.ClientError) as err:
+        except (LiveError, LoginError, aiohttp.ClientError, TimeoutError) as err:
             return _fail(f"live mode: {err}", 2 if isinstance(err, LoginError) else 1)
         print(f"downloaded the origin project {live[0]} to {file}", file=sys.stderr)
     assert file is not None

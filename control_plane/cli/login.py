@@ -126,8 +126,9 @@ async def device_login(base_url: str, *, open_browser: bool = True,
         try:
             status, code = await _post(http, f"{base_url}/v1/cli/device/code",
                                        {"client_id": CLIENT_ID})
-        except aiohttp.ClientError as err:
-            raise LoginError(f"cannot reach {base_url} ({err}); is the service running? "
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise LoginError(f"cannot reach {base_url} ({err or type(err).__name__}); is the "
+                             "service running? "
                              "(--base-url or AUTHIO_BASE_URL names another)") from None
         if status != 200:
             raise LoginError(f"{base_url} refused to start a login ({status}: {code})")
@@ -143,7 +144,7 @@ async def device_login(base_url: str, *, open_browser: bool = True,
             await asyncio.sleep(interval)
             try:
                 status, answer = await _post(http, f"{base_url}/v1/cli/device/token", form)
-            except aiohttp.ClientError:
+            except (aiohttp.ClientError, TimeoutError):
                 if time.monotonic() > deadline:
                     raise LoginError("the code expired while the service was unreachable; "
                                      "run login again") from None
@@ -206,7 +207,7 @@ def logout(profile: str | None) -> int:
                               section.get("project_id"), section.get("key_id"))
     try:
         revoked = asyncio.run(revoke(credentials))
-    except aiohttp.ClientError as err:
+    except (aiohttp.ClientError, TimeoutError) as err:
         revoked = False
         print(f"could not reach {credentials.base_url} to revoke the key ({err})", file=sys.stderr)
     config.remove_section(name)

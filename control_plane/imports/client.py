@@ -44,7 +44,7 @@ def _retry_after(value: str | None) -> float | None:
         return None  # an HTTP date: backoff decides
 
 
-_BACKOFF: Final = wait_exponential_jitter(initial=0.5, max=30.0)
+_BACKOFF: Final = wait_exponential_jitter(multiplier=0.5, max=30.0)
 
 
 def _wait(state: RetryCallState) -> float:
@@ -53,12 +53,6 @@ def _wait(state: RetryCallState) -> float:
     if isinstance(exc, _Again) and exc.retry_after is not None:
         return exc.retry_after
     return _BACKOFF(state)
-
-
-def _stop(state: RetryCallState) -> bool:
-    """Network failures never stop; HTTP answers stop after :data:`HTTP_ATTEMPTS`."""
-    exc = state.outcome.exception() if state.outcome is not None else None
-    return isinstance(exc, _Again) and state.attempt_number >= HTTP_ATTEMPTS
 
 
 def message(body: Any, status: int | None = None) -> str:
@@ -116,10 +110,22 @@ class ServiceClient:
         """``(status, parsed JSON body or None)`` of ``method path`` (module docstring).
         Raises ImportAborted."""
         body = orjson.dumps(json) if json is not None else None
+        answered = 0
+
+        def stop(state: RetryCallState) -> bool:
+            """Network failures never stop; answers stop after :data:`HTTP_ATTEMPTS` of them
+            (however many network failures came between)."""
+            nonlocal answered
+            exc = state.outcome.exception() if state.outcome is not None else None
+            if not isinstance(exc, _Again):
+                return False
+            answered += 1
+            return answered >= HTTP_ATTEMPTS
+
         try:
             async for attempt in AsyncRetrying(
                     retry=retry_if_exception_type((_Again, aiohttp.ClientError, TimeoutError)),
-                    wait=_wait, stop=_stop, before_sleep=self._before_sleep, reraise=True):
+                    wait=_wait, stop=stop, before_sleep=self._before_sleep, reraise=True):
                 with attempt:
                     return await self._once(method, path, body)
         except _Again as err:
