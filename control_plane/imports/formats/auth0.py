@@ -27,7 +27,7 @@ from control_plane.imports.formats.base import (
     objects,
     skip_reason,
 )
-from control_plane.imports.formats.reading import Sample, csv_table, header_key, json_lines, load_document
+from control_plane.imports.formats.reading import Sample, csv_table, header_key, json_array, json_lines
 
 PROVIDER: Final = "auth0"
 REFUSAL: Final = ("not an auth0 export: expected an Auth0 bulk export (NDJSON or CSV) or a "
@@ -81,10 +81,7 @@ def read_csv_plain(path: Path) -> Iterator[Item]:
 
 
 def read_array(path: Path) -> Iterator[Item]:
-    users = load_document(path)
-    if not isinstance(users, list):
-        raise ValueError("not a JSON array of users")
-    return items(((i, f"element {i + 1}", u) for i, u in enumerate(users)), convert)
+    return items(json_array(path, None, "a JSON array of users"), convert)
 
 
 NDJSON: Final = Reader(PROVIDER, "auth0 bulk export (NDJSON)", read_ndjson)

@@ -29,7 +29,7 @@ from control_plane.imports.formats.base import (
     objects,
     skip_reason,
 )
-from control_plane.imports.formats.reading import Sample, csv_table, header_key, load_document
+from control_plane.imports.formats.reading import Sample, csv_table, header_key, json_array
 
 PROVIDER: Final = "clerk"
 REFUSAL: Final = ("not a clerk export: expected the Dashboard 'Export users' CSV or a Backend API "
@@ -80,10 +80,7 @@ def read_csv(path: Path) -> Iterator[Item]:
 
 
 def read_json(path: Path) -> Iterator[Item]:
-    users = load_document(path)
-    if not isinstance(users, list):
-        raise ValueError("not a JSON array of Clerk users")
-    return items(((i, f"element {i + 1}", u) for i, u in enumerate(users)), convert)
+    return items(json_array(path, None, "a JSON array of Clerk users"), convert)
 
 
 CSV: Final = Reader(PROVIDER, "clerk Dashboard CSV", read_csv)

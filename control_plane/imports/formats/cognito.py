@@ -30,7 +30,7 @@ from control_plane.imports.formats.base import (
     skip_reason,
     text_of,
 )
-from control_plane.imports.formats.reading import Sample, csv_table, header_key, load_document
+from control_plane.imports.formats.reading import Sample, csv_table, header_key, json_array
 
 PROVIDER: Final = "cognito"
 REFUSAL: Final = ('not a cognito export: expected `aws cognito-idp list-users` JSON {"Users": [...]} '
@@ -78,11 +78,8 @@ def convert_row(index: int, raw: Any) -> Candidate:
 
 
 def read_json(path: Path) -> Iterator[Item]:
-    document = load_document(path)
-    users = document.get("Users") if isinstance(document, dict) else None
-    if not isinstance(users, list):
-        raise ValueError('not a list-users JSON document: no "Users" array')
-    return items(((i, f"element {i + 1} of Users", u) for i, u in enumerate(users)), convert)
+    return items(json_array(path, "Users", 'a list-users JSON document: no "Users" array'),
+                 convert)
 
 
 def read_csv(path: Path) -> Iterator[Item]:

@@ -28,7 +28,7 @@ from control_plane.imports.formats.base import (
     objects,
     skip_reason,
 )
-from control_plane.imports.formats.reading import Sample, csv_rows, load_document
+from control_plane.imports.formats.reading import Sample, csv_rows, json_array
 
 PROVIDER: Final = "firebase"
 REFUSAL: Final = ("not a firebase export: expected a `firebase auth:export` file: JSON "
@@ -49,11 +49,8 @@ def convert(index: int, raw: Any) -> Candidate:
 
 
 def read_json(path: Path) -> Iterator[Item]:
-    document = load_document(path)
-    users = document.get("users") if isinstance(document, dict) else None
-    if not isinstance(users, list):
-        raise ValueError('not a firebase auth:export JSON document: no "users" array')
-    return items(((i, f"element {i + 1} of users", u) for i, u in enumerate(users)), convert)
+    return items(json_array(path, "users",
+                            'a firebase auth:export JSON document: no "users" array'), convert)
 
 
 def _fits(cells: list[str], columns: int) -> bool:

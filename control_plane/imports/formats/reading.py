@@ -54,6 +54,19 @@ def load_document(path: Path) -> Any:
         raise ValueError(f"not a JSON document: {error}") from error
 
 
+def json_array(path: Path, key: str | None, what: str) -> Iterator[tuple[int, str, Any]]:
+    """(index, "element N [of key]", value) of the users array of a JSON document: the document
+    itself (``key`` None) or its member ``key``. Raises ValueError ``not <what>`` when there is
+    no such array."""
+    document = load_document(path)
+    users = document if key is None else (
+        document.get(key) if isinstance(document, dict) else None)
+    if not isinstance(users, list):
+        raise ValueError(f"not {what}")
+    where = "" if key is None else f" of {key}"
+    return ((i, f"element {i + 1}{where}", u) for i, u in enumerate(users))
+
+
 def json_lines(path: Path) -> Iterator[tuple[int, str, Any]]:
     """(index, "line N", parsed value or the ValueError) of each non-blank NDJSON line,
     streaming."""

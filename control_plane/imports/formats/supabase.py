@@ -33,7 +33,7 @@ from control_plane.imports.formats.base import (
     skip_reason,
     text_of,
 )
-from control_plane.imports.formats.reading import Sample, csv_table, header_key, load_document
+from control_plane.imports.formats.reading import Sample, csv_table, header_key, json_array
 
 PROVIDER: Final = "supabase"
 REFUSAL: Final = ("not a supabase export: expected the auth.users table as CSV with a header row "
@@ -100,20 +100,16 @@ def read_csv(path: Path, now: datetime | None = None) -> Iterator[Item]:
     return items(csv_table(path), lambda index, raw: decide(index, objects(raw), moment))
 
 
-def _read_users(pick: Callable[[Any], Any], what: str) -> Callable[..., Iterator[Item]]:
+def _read_users(key: str | None, what: str) -> Callable[..., Iterator[Item]]:
     def read(path: Path, now: datetime | None = None) -> Iterator[Item]:
         moment = _now(now)
-        users = pick(load_document(path))
-        if not isinstance(users, list):
-            raise ValueError(f"not {what}")
-        return items(((i, f"element {i + 1}", u) for i, u in enumerate(users)),
+        return items(json_array(path, key, what),
                      lambda index, raw: decide(index, objects(raw), moment))
     return read
 
 
-read_json = _read_users(lambda document: document, "a JSON array of auth.users rows")
-read_admin = _read_users(lambda d: d.get("users") if isinstance(d, dict) else None,
-                         'an Admin API {"users": [...]} document')
+read_json = _read_users(None, "a JSON array of auth.users rows")
+read_admin = _read_users("users", 'an Admin API {"users": [...]} document')
 
 CSV: Final = Reader(PROVIDER, "supabase auth.users CSV", read_csv)
 JSON: Final = Reader(PROVIDER, "supabase auth.users JSON (json_agg)", read_json)
