@@ -22,15 +22,15 @@ async def insert_token(conn: asyncpg.Connection, *, token_hash: bytes, project_i
                        purpose: str, channel: str, destination: str, user_id: str | None,
                        invitation_id: str | None, ttl: timedelta,
                        step_up_id: str | None = None) -> str:
-    """Store a token and return its project's name (for the message)."""
-    await conn.execute(
+    """Store a token and return its project's name (for the message), in one round trip."""
+    name: str = await conn.fetchval(
         """INSERT INTO magic_link_tokens (token_hash, project_id, purpose, channel, destination,
                                           user_id, invitation_id, expires_at, step_up_id)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::interval, $9)""",
+           VALUES ($1, $2, $3, $4, $5, $6, $7, now() + $8::interval, $9)
+           RETURNING (SELECT name FROM projects WHERE id = $2)""",
         token_hash, project_id, purpose, channel, destination, user_id, invitation_id, ttl,
         step_up_id,
     )
-    name: str = await conn.fetchval("SELECT name FROM projects WHERE id = $1", project_id)
     return name
 
 

@@ -59,12 +59,15 @@ async def insert(conn: asyncpg.Connection, *, message_id: str, project_id: str, 
                  kind: str, destination: str, body_sealed: bytes,
                  expires_at: datetime | timedelta | None) -> None:
     """Queue one message (``expires_at`` an aware time or a delay from the transaction's
-    ``now()``) and wake the workers (``NOTIFY``, delivered at commit)."""
+    ``now()``) and wake the workers (``NOTIFY``, delivered at commit), in one round trip."""
     at, after = (None, expires_at) if isinstance(expires_at, timedelta) else (expires_at, None)
     await conn.execute(
-        """INSERT INTO messages (id, project_id, channel, kind, destination, body_sealed,
-                                 expires_at)
-           VALUES ($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now() + $8::interval))""",
+        """WITH queued AS (
+               INSERT INTO messages (id, project_id, channel, kind, destination, body_sealed,
+                                     expires_at)
+               VALUES ($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now() + $8::interval))
+               RETURNING id)
+           SELECT pg_notify($9, id) FROM queued""",
         message_id, project_id, channel, kind, destination, body_sealed, at, after,
+        NOTIFY_CHANNEL,
     )
-    await conn.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, message_id)
