@@ -170,6 +170,6 @@ async def get_import_credential_export(call: Call) -> web.StreamResponse:
 async def delete_import_credential(call: Call) -> web.Response:
     """Forget a live-import credential now (what `authio import` does once it has the export)."""
     async with call.connection() as conn:
-        credential = await service.delete_credential(conn, call.actor,
+        credential = await service.forget_credential(conn, call.actor,
                                                      credential_id=call.path("credential_id"))
     return call.reply(credential)

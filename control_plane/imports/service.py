@@ -16,7 +16,7 @@ import").
 
 The multi-tenant importer's live mode (SPEC.md 4 rule 6): :func:`create_credential` seals an
 origin's management token (KMS envelope encryption, bound to the row and project) for at most
-24 hours, :func:`open_export` reads the origin through it (``live``), :func:`delete_credential`
+24 hours, :func:`open_export` reads the origin through it (``live``), :func:`forget_credential`
 forgets it when the CLI is done, and the imports worker deletes whatever is older.
 """
 
@@ -209,7 +209,7 @@ async def create_credential(conn: asyncpg.Connection, actor: Actor, *, body: Cre
     return _credential(row)
 
 
-async def delete_credential(conn: asyncpg.Connection, actor: Actor, *,
+async def forget_credential(conn: asyncpg.Connection, actor: Actor, *,
                             credential_id: str) -> ImportCredential:
     """Delete the credential now (``import.credential.deleted``). Raises NotFound."""
     assert actor.project_id is not None

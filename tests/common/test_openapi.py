@@ -537,9 +537,20 @@ def test_undocumentable_tables_raise() -> None:
     with pytest.raises(ValueError, match="two 200 replies"):
         build([op("/v1/y", Reply(200, "a"), Reply(200, "b"))])
     with pytest.raises(ValueError, match="both a reply and an error"):
-        build([op("/v1/z", Reply(404, "gone"), errors=(errors.NotFound,))])
+        build([op("/v1/z", Reply(404, "gone", content_type="text/html"), errors=(errors.NotFound,))])
     with pytest.raises(ValueError, match="must be an object"):
         build([op("/v1/w", Reply(200, "list", list[Widget]))])
+
+
+def test_a_json_reply_at_an_errors_status_is_either_body() -> None:
+    """A route's own body at an error's status (an OAuth error body beside the envelope, RFC
+    6749 5.2): the document says it is one or the other, and keeps both descriptions."""
+    op = Operation(method="POST", path="/t", handler=landing, operation_id="t", tag="t",
+                   summary="t", replies=(Reply(200, "ok", Widget), Reply(400, "An OAuth error.", Widget)))
+    response = op_of(build([op]), "/t", "post")["responses"]["400"]
+    either = response["content"]["application/json"]["schema"]["anyOf"]
+    assert len(either) == 2 and "Widget" in str(either[0]) and "Error" in str(either[1])
+    assert response["description"].startswith("An OAuth error.") and "invalid_request" in response["description"]
 
 
 def test_reply_that_forbids_other_fields_still_allows_request_id() -> None:
