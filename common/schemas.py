@@ -96,6 +96,15 @@ def refuse_nul(name: str, value: str) -> None:
         raise InvalidRequest.field(name, NUL_MESSAGE)
 
 
+def integral(value: object) -> object:
+    """A JSON number with no fraction (``17.0``) as the integer it is (JSON Schema 2020-12: an
+    integer is a number whose fractional part is zero): a ``BeforeValidator`` for the integer
+    fields of request bodies, which are otherwise strict."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 class RequestModel(BaseModel):
     """Base of request bodies: unknown fields rejected, no type coercion (DESIGN.md)."""
 

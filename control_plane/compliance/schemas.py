@@ -9,6 +9,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -19,7 +20,7 @@ from pydantic import (
 
 from common.errors import InvalidEmail
 from common.ids import id_pattern, is_id
-from common.schemas import DisplayName, PatchModel, RequestModel
+from common.schemas import DisplayName, PatchModel, RequestModel, integral
 from control_plane.audit.schemas import Time
 from control_plane.web.pagination import PageQuery
 from control_plane.web.schemas import MAX_EMAIL_LENGTH, normalize_email
@@ -43,7 +44,7 @@ SubjectEmail = Annotated[str, AfterValidator(_email), WithJsonSchema(
 Notes = Annotated[str, StringConstraints(max_length=2000), Field(description=(
     "Free text for the request's handling (a ticket, the channel it came by), up to 2,000 "
     "characters; line breaks kept."))]
-DueDays = Annotated[int, Field(ge=1, le=90, description=(
+DueDays = Annotated[int, BeforeValidator(integral), Field(ge=1, le=90, description=(
     "Days from the call to the due date: 30 by default, 45 for CCPA requests."))]
 ArtifactUrl = Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL,
                                                pattern=r"^https?://[!-~]+$"), WithJsonSchema(

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     Field,
     StringConstraints,
     ValidationInfo,
@@ -20,7 +21,7 @@ from pydantic import (
 )
 
 from common.http import OMIT_IF_NONE
-from common.schemas import RequestModel, name_pattern, printable
+from common.schemas import RequestModel, integral, name_pattern, printable
 from control_plane.web.schemas import Email, Metadata
 
 MAX_ORIGINS: Final = 20
@@ -194,7 +195,7 @@ class AttestationResponse(RequestModel):
     transports: list[Annotated[str, StringConstraints(max_length=32)]] | None = Field(
         default=None, max_length=16)
     publicKey: Base64Url | None = None
-    publicKeyAlgorithm: int | None = None
+    publicKeyAlgorithm: Annotated[int | None, BeforeValidator(integral)] = None
 
 
 class RegistrationResponseBody(_CredentialJSON):

@@ -10,21 +10,14 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, field_validator
 
-from common.schemas import RequestModel
+from common.schemas import RequestModel, integral
 from control_plane.audit.schemas import Time, not_before_from
 from control_plane.passkeys.schemas import AuthenticationResponseBody
 from control_plane.risk import signals
 from control_plane.web.pagination import PageQuery
 
 DecisionKind = Literal["allow", "challenge", "block"]
-def _integral(value: object) -> object:
-    """A JSON number with no fraction (``17.0``) is an integer (JSON Schema 2020-12 says so)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
-
-
-Score = Annotated[int, Field(ge=0, le=100), BeforeValidator(_integral)]
+Score = Annotated[int, Field(ge=0, le=100), BeforeValidator(integral)]
 """A score, threshold or weight: an integer from 0 to 100."""
 DEFAULT_THRESHOLD_CHALLENGE: Final = 50
 DEFAULT_THRESHOLD_BLOCK: Final = 90

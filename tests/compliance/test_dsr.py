@@ -38,8 +38,9 @@ async def test_creation_starts_the_clock_and_echoes_the_request(cproject: Projec
     assert (made["request_type"], made["user_email"], made["notes"]) == ("export", address, "ticket 4711")
     assert (made["status"], made["overdue"], made["due_days"]) == ("pending", False, 30)
     assert when(made["due_at"]) - when(made["created_at"]) == timedelta(days=30)
-    ccpa = await dsr(cproject, due_days=45)
+    ccpa = await dsr(cproject, due_days=45.0)  # JSON Schema: a number with no fraction is an integer
     assert when(ccpa["due_at"]) - when(ccpa["created_at"]) == timedelta(days=45)
+    assert ccpa["due_days"] == 45
     shown = await cproject.api.get(f"/v1/compliance/dsr/{made['dsr_id']}")
     assert shown.status == 200
     assert {k: shown.body[k] for k in made if k != "request_id"} == {k: v for k, v in made.items()
@@ -57,6 +58,7 @@ async def test_creation_starts_the_clock_and_echoes_the_request(cproject: Projec
     ({"request_type": "deletion", "user_email": "a@example.com", "due_days": 0}, "due_days"),
     ({"request_type": "deletion", "user_email": "a@example.com", "due_days": 91}, "due_days"),
     ({"request_type": "deletion", "user_email": "a@example.com", "due_days": "soon"}, "due_days"),
+    ({"request_type": "deletion", "user_email": "a@example.com", "due_days": 30.5}, "due_days"),
     ({"request_type": "deletion", "user_email": "a@example.com", "notes": "x" * 2001}, "notes"),
 ])
 async def test_bad_requests_are_invalid_request_naming_the_field(cproject: Project,
