@@ -30,6 +30,26 @@ def test_the_document_is_valid_openapi_3_1() -> None:
     assert doc["openapi"] == "3.1.0"
 
 
+def test_schemas_use_json_schema_keywords_only() -> None:
+    """Pydantic writes a constraint it cannot place (``Field(ge=1)`` after a validator in an
+    ``Annotated``) under its own name: a JSON Schema validator ignores ``ge``, so the document
+    would call ``-30`` valid where the service refuses it."""
+    found: list[str] = []
+
+    def walk(node: object, at: str) -> None:
+        if isinstance(node, dict):
+            if node.get("type") in ("integer", "number", "string", "array"):
+                found.extend(f"{at}.{k}" for k in ("ge", "gt", "le", "lt", "min_length",
+                                                   "max_length", "multiple_of") if k in node)
+            for key, value in node.items():
+                walk(value, f"{at}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{at}[{i}]")
+    walk(orjson.loads(openapi_document(dev_mailbox=True)), "$")
+    assert found == []
+
+
 async def test_served_document_covers_every_route(service: Api,
                                                   settings_factory: Callable[..., Settings],
                                                   http: ClientSession) -> None:

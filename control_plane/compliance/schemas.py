@@ -44,8 +44,11 @@ SubjectEmail = Annotated[str, AfterValidator(_email), WithJsonSchema(
 Notes = Annotated[str, StringConstraints(max_length=2000), Field(description=(
     "Free text for the request's handling (a ticket, the channel it came by), up to 2,000 "
     "characters; line breaks kept."))]
-DueDays = Annotated[int, BeforeValidator(integral), Field(ge=1, le=90, description=(
-    "Days from the call to the due date: 30 by default, 45 for CCPA requests."))]
+DueDays = Annotated[int, Field(ge=1, le=90, description=(
+    "Days from the call to the due date: 30 by default, 45 for CCPA requests.")),
+    BeforeValidator(integral)]
+"""(The validator after the Field: before it, pydantic writes ``ge``/``le`` into the JSON
+schema instead of ``minimum``/``maximum``.)"""
 ArtifactUrl = Annotated[str, StringConstraints(min_length=1, max_length=MAX_URL,
                                                pattern=r"^https?://[!-~]+$"), WithJsonSchema(
     {"type": "string", "minLength": 1, "maxLength": MAX_URL, "pattern": r"^https?://[!-~]+$",
