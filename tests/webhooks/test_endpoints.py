@@ -3,12 +3,14 @@ delete, each with its audit event; the URL rule at create and update; scopes and
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
+import time
 
 import asyncpg
 
-from control_plane.web.outbound import is_public
+from control_plane.web.outbound import RESOLVE_TIMEOUT_SECONDS, is_public
 from tests.fixtures.database import events
 from tests.fixtures.service import (
     ULID,
@@ -138,11 +140,18 @@ async def test_non_public_receivers_are_refused_by_default(project: Project) -> 
         assert_invalid_field(await api.post("/v1/webhook-endpoints", {"url": url, "events": ["*"]}),
                              "url")
     own = socket.gethostname()
-    resolved = {info[4][0] for info in socket.getaddrinfo(own, 443)}
+    started = time.monotonic()
+    infos = await asyncio.get_running_loop().getaddrinfo(own, 443)
+    slow = time.monotonic() - started > RESOLVE_TIMEOUT_SECONDS / 2
+    resolved = {info[4][0] for info in infos}
     assert resolved and not any(is_public(a) for a in resolved), resolved  # true of any test box
     r = await api.post("/v1/webhook-endpoints", {"url": f"https://{own}/hooks", "events": ["*"]})
-    assert_invalid_field(r, "url")
-    assert "non-public address" in r.body["error"]["details"]["fields"][0]["message"]
+    if not (slow and r.status == 201):
+        assert_invalid_field(r, "url")
+        assert "non-public address" in r.body["error"]["details"]["fields"][0]["message"]
+    # else: this machine's resolver answers slower than the create call waits (a root whose DNS
+    # server is slow to answer for its own name): the name counts as not resolved yet and is
+    # judged again at each attempt, as outbound.resolved_problem documents.
     ok = await api.post("/v1/webhook-endpoints", {"url": "https://203.0.113.7/hooks",
                                                   "events": ["*"]})
     assert ok.status == 400  # TEST-NET-3 is documentation space, not global either
