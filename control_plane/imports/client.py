@@ -131,7 +131,3 @@ class ServiceClient:
         except _Again as err:
             return err.status, err.body
         raise AssertionError("unreachable")
-
-    @staticmethod
-    def message(body: Any, status: int | None = None) -> str:
-        return message(body, status)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from control_plane.imports.client import ServiceClient
+from control_plane.imports.client import ServiceClient, message
 from control_plane.imports.formats import Candidate, Deduper, Format, Tenant
 from control_plane.imports.run import records
 
@@ -100,7 +100,7 @@ async def organizations(client: ServiceClient | None, found: Iterable[Tenant],
             "metadata": {"import": {"provider": PROVIDER, "id": tenant.id},
                          "self_provisioning_domains": list(tenant.self_provisioning_domains)}})
         if status != 201:
-            tally.errors.append(f"tenant {tenant.id} ({tenant.name}): {client.message(org)}")
+            tally.errors.append(f"tenant {tenant.id} ({tenant.name}): {message(org, status)}")
             continue
         slugs.add(slug)
         out[tenant.id] = org["id"]
@@ -145,7 +145,7 @@ async def memberships(client: ServiceClient | None, fmt: Format, file: Path,
                 tally.memberships["existed"] += 1
             else:
                 tally.memberships["errored"] += 1
-                tally.errors.append(f"{candidate.email} in {tenant_id}: {client.message(body)}")
+                tally.errors.append(f"{candidate.email} in {tenant_id}: {message(body, status)}")
 
 
 def _code(body: Any) -> str | None:
