@@ -81,11 +81,10 @@ FANOUT_LOCK: Final = 0x77686570  # "whep": one fan-out at a time across processe
 FANOUT: Final = f"""
 WITH lock AS (
     SELECT pg_try_advisory_xact_lock($1) AS got
-), pos AS (
-    SELECT f.tx, f.event_id FROM webhook_fanout f, lock WHERE lock.got
 ), b AS (
-    SELECT e.tx, e.id, e.project_id, e.action, e.created_at FROM audit_events e, pos
-    WHERE e.tx < {LOG_HORIZON} AND (e.tx, e.id) > (pos.tx, pos.event_id)
+    SELECT e.tx, e.id, e.project_id, e.action, e.created_at FROM audit_events e
+    WHERE (SELECT got FROM lock) AND e.tx < {LOG_HORIZON}
+      AND (e.tx, e.id) > ((SELECT tx FROM webhook_fanout), (SELECT event_id FROM webhook_fanout))
     ORDER BY e.tx, e.id LIMIT $2
 ), made AS (
     INSERT INTO webhook_deliveries (id, endpoint_id, project_id, event_id, event_type,
@@ -109,7 +108,8 @@ SELECT (SELECT got FROM lock) AS got, (SELECT count(*) FROM b)::int AS passed,
        (SELECT count(*) FROM moved)::int AS moved"""
 """One fan-out pass in one statement (autocommit: the lock ``$1`` is never held across round
 trips, so a process that stalls cannot keep it): the next events of the log after the
-position, at most ``$2`` and below the log's horizon (``audit.service.LOG_HORIZON``: none can
+position (values, so the index on ``(tx, id)`` starts there: a join with the position's row
+read the whole log on every pass), at most ``$2`` and below the log's horizon (``audit.service.LOG_HORIZON``: none can
 commit later below it), each delivered to the project's active endpoints subscribed to its
 action and created at or before it, and the position moved past them (never backwards: a pass
 that raced another one does no harm, the unique (endpoint, event) makes no delivery twice).

@@ -15,7 +15,8 @@ from aiohttp import ClientSession, web
 
 from common.ids import new_id
 from control_plane.web import outbound
-from control_plane.webhooks.tasks import JITTER, retry_delay
+from control_plane.webhooks import repository
+from control_plane.webhooks.tasks import FANOUT_BATCH, JITTER, retry_delay
 from tests.fixtures.database import database_pool, migrated_database
 from tests.fixtures.identity import email
 from tests.fixtures.service import (
@@ -197,3 +198,36 @@ async def test_a_killed_process_loses_nothing(http: ClientSession, crash_databas
             assert {d["event_id"] for d in found} == wanted
             bodies = {g.headers["webhook-id"]: orjson.loads(g.body)["id"] for g in hooks.received}
             assert all(k == v for k, v in bodies.items())
+
+
+def _log_rows_read(plan: dict[str, object]) -> int:
+    """The rows every scan of the audit log's partitions returned in an EXPLAIN ANALYZE plan."""
+    rows = 0
+    if str(plan.get("Relation Name", "")).startswith("audit_events"):
+        rows += int(plan["Actual Rows"]) * int(plan.get("Actual Loops", 1))  # type: ignore[call-overload]
+    for child in plan.get("Plans", []):  # type: ignore[attr-defined]
+        rows += _log_rows_read(child)
+    return rows
+
+
+async def test_a_fan_out_pass_reads_the_log_from_its_position_only(
+        hooks_project: Project, db: asyncpg.Pool) -> None:
+    """A pass starts at the fan-out's position in the log's ``(tx, id)`` index: once the events
+    are fanned out, a pass reads none of them again (one that joined the position's row read the
+    whole log every 0.25 s: 110 ms a pass at 100,000 events, and growing with the log)."""
+    async with db.acquire() as conn:
+        await conn.execute(
+            """INSERT INTO audit_events (id, action, actor_type, actor_id, project_id, metadata)
+               SELECT 'evt_' || upper(substr(md5(random()::text), 1, 26)), 'test.bulk', 'system',
+                      'test', $1, '{}' FROM generate_series(1, 2000)""", hooks_project.id)
+
+        async def fanned_out() -> bool:
+            return bool(await conn.fetchval(
+                """SELECT (f.tx, f.event_id) >= (SELECT tx, id FROM audit_events
+                                                  ORDER BY tx DESC, id DESC LIMIT 1)
+                   FROM webhook_fanout f"""))
+        await eventually(fanned_out, within=15)
+        [plan] = orjson.loads(await conn.fetchval(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + repository.FANOUT, repository.FANOUT_LOCK,
+            FANOUT_BATCH))
+    assert _log_rows_read(plan["Plan"]) <= 10  # what committed since, not the 2,000
