@@ -11,6 +11,7 @@ service (the engine's too: production routes ``/openapi.json`` to the control pl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -33,6 +34,7 @@ from control_plane.appkeys import (
     MAINTENANCE_BOARD,
     OAUTH,
     OPENAPI,
+    OUTBOX_WAKE,
     RISK,
     SEND_LIMITS,
     TOKENS,
@@ -173,6 +175,7 @@ def setup_control_plane(app: web.Application) -> None:
     settings = app[SETTINGS]
     install_resources(app)
     app[KMS] = load_kms(settings)
+    app[OUTBOX_WAKE] = asyncio.Event()
     if uses_console(settings):
         app[MAILBOX] = ConsoleSink()
     app[OPENAPI] = openapi_document(dev_mailbox=settings.serves_dev_mailbox)

@@ -5,6 +5,7 @@ keys, readiness probes) is in ``common.appkeys``; each is set in a cleanup conte
 
 from __future__ import annotations
 
+import asyncio
 from typing import Final
 
 from aiohttp import web
@@ -34,6 +35,9 @@ OAUTH: Final = web.AppKey("oauth", OAuthClient)
 RISK: Final = web.AppKey("risk", RiskEngine)
 """The risk engine: its limits, the GeoIP database, the attempt counters in Redis
 (``control_plane.risk.service``)."""
+OUTBOX_WAKE: Final = web.AppKey("outbox_wake", asyncio.Event)
+"""Wakes this process's outbox worker (``control_plane.messages.tasks``): set after a statement
+that queued messages without a ``NOTIFY`` committed (``messages.service.insert_from``)."""
 MAILBOX: Final = web.AppKey("dev_mailbox", ConsoleSink)
 """The console message sink, present when a channel uses it (the development mailbox)."""
 MAINTENANCE_BOARD: Final = web.AppKey("maintenance_board", MaintenanceBoard)

@@ -34,6 +34,15 @@ async def insert_token(conn: asyncpg.Connection, *, token_hash: bytes, project_i
     return name
 
 
+def enrollment_token_from(source: str, p: Params) -> str:
+    """SQL storing an enrollment token (``link_token_hash``, lasting ``link_ttl``) for each user
+    row of ``source`` (columns ``id``, ``project_id``, ``email``)."""
+    return f"""INSERT INTO magic_link_tokens (token_hash, project_id, purpose, channel, destination,
+                                      user_id, expires_at)
+SELECT {p['link_token_hash']}, project_id, 'enrollment', 'email', email, id,
+       now() + {p['link_ttl']}::interval FROM {source}"""
+
+
 async def user_id_by_destination(conn: asyncpg.Connection, project_id: str, channel: str,
                                  destination: str) -> str | None:
     """The id of the project's user with that email (case-insensitively) or phone number."""

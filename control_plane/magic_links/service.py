@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 import asyncpg
 
 from common.auth import token_digest
+from common.db import Params
 from common.settings import Settings
 from control_plane.kms import LocalKms
 from control_plane.magic_links import repository
@@ -78,18 +79,52 @@ async def issue_link(
         conn, token_hash=token_digest(token), project_id=project_id, purpose=purpose,
         channel=channel, destination=destination, user_id=user_id, invitation_id=invitation_id,
         ttl=timedelta(seconds=ttl_seconds), step_up_id=step_up_id)
-    url = link_url(settings, project_id, token)
-    subject, text = _TEXTS[purpose]
-    fields = {"project": project, "organization": organization_name or "an organization",
-              "lifetime": _lifetime(ttl_seconds), "url": url}
-    body = text.format(**fields)
-    if channel == "sms":  # one short segment-friendly line
-        body = f"{subject.format(**fields)}: {url}"
+    subject, text = _message(settings, purpose, channel, project_id=project_id,
+                             project_name=project, token=token, ttl_seconds=ttl_seconds,
+                             organization_name=organization_name)
     return await messages.enqueue(
         conn, kms, project_id=project_id, channel=channel, destination=destination, kind=purpose,
-        subject=subject.format(**fields), text=body,
+        subject=subject, text=text,
         expires_at=timedelta(seconds=ttl_seconds),  # now() + ttl: the token's own expires_at
     )
+
+
+def _message(settings: Settings, purpose: Purpose, channel: Channel, *, project_id: str,
+             project_name: str, token: str, ttl_seconds: int,
+             organization_name: str | None = None) -> tuple[str, str]:
+    """The subject and text of the message carrying ``token``'s link."""
+    url = link_url(settings, project_id, token)
+    subject, text = _TEXTS[purpose]
+    fields = {"project": project_name, "organization": organization_name or "an organization",
+              "lifetime": _lifetime(ttl_seconds), "url": url}
+    if channel == "sms":  # one short segment-friendly line
+        return subject.format(**fields), f"{subject.format(**fields)}: {url}"
+    return subject.format(**fields), text.format(**fields)
+
+
+def enrollment_params(kms: LocalKms, settings: Settings, *, project_id: str, project_name: str,
+                      email: str) -> dict[str, object]:
+    """The named parameters of :func:`enrollment_from` for one new user's enrollment link to
+    ``email`` (lasting ``SERVICE_INVITATION_TTL_SECONDS``): the token's and its message's
+    (``messages.message_params``), for a statement that creates the user and queues its link
+    in one round trip (``users``)."""
+    token = secrets.token_urlsafe(32)
+    ttl_seconds = settings.invitation_ttl_seconds
+    subject, text = _message(settings, "enrollment", "email", project_id=project_id,
+                             project_name=project_name, token=token, ttl_seconds=ttl_seconds)
+    ttl = timedelta(seconds=ttl_seconds)
+    return {"link_token_hash": token_digest(token), "link_ttl": ttl,
+            **messages.message_params(kms, project_id=project_id, channel="email",
+                                      destination=email, kind="enrollment", subject=subject,
+                                      text=text, ttl=ttl)}
+
+
+def enrollment_from(source: str, p: Params) -> str:
+    """SQL (CTEs ``link``, ``link_message``) issuing an enrollment link to each user row of
+    ``source`` (columns ``id``, ``project_id``, ``email``) with its message, from
+    :func:`enrollment_params`: what :func:`issue_link` writes, within another statement."""
+    return (f"link AS ({repository.enrollment_token_from(source, p)}), "
+            f"link_message AS ({messages.insert_from(source, p)})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@ from typing import Final
 
 import asyncpg
 
+from common.db import Params
+
 NOTIFY_CHANNEL: Final = "authio_outbox"
 
 # Due, unleased messages, oldest due first; the lease and the attempt count commit with the claim.
@@ -71,3 +73,20 @@ async def insert(conn: asyncpg.Connection, *, message_id: str, project_id: str, 
         message_id, project_id, channel, kind, destination, body_sealed, at, after,
         NOTIFY_CHANNEL,
     )
+
+
+INSERT_FROM_COLUMNS: Final = ("id", "project_id", "channel", "kind", "destination", "body_sealed")
+
+
+def insert_from(source: str, p: Params, *, name: str = "message") -> str:
+    """SQL queueing one message per row of ``source`` (a CTE of the same statement), from the
+    named parameters ``<name>_<column>`` of ``p`` for ``INSERT_FROM_COLUMNS`` and
+    ``<name>_ttl`` (an interval from the transaction's ``now()``: ``expires_at``): the row
+    :func:`insert` writes, committed with the statement's change and without a round trip of
+    its own. It sends no ``NOTIFY``: transactions that notify commit one at a time (PostgreSQL
+    holds one lock over the notification queue from their pre-commit to their end), which
+    capped an import at the speed of one WAL flush per user; the caller wakes this process's
+    worker once the statement committed (``OUTBOX_WAKE``), and the others poll."""
+    values = ", ".join(p[f"{name}_{c}"] for c in INSERT_FROM_COLUMNS)
+    return (f"INSERT INTO messages ({', '.join(INSERT_FROM_COLUMNS)}, expires_at) "
+            f"SELECT {values}, now() + {p[f'{name}_ttl']}::interval FROM {source}")

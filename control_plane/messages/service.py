@@ -2,7 +2,9 @@
 
 :func:`enqueue` inserts a message in the caller's transaction, so a message exists if and only if
 the change that needs it commits, and wakes the delivery workers (``tasks``) with ``NOTIFY``
-(delivered at commit). The body is sealed with the KMS (it carries a live sign-in link) and
+(delivered at commit). :func:`insert_from` queues one within another domain's statement
+(``message_params``) and sends no ``NOTIFY``: its caller wakes this process's worker once the
+statement committed. The body is sealed with the KMS (it carries a live sign-in link) and
 opens only in its own row.
 """
 
@@ -42,13 +44,35 @@ async def enqueue(
     transient delivery failures are retried without limit; None keeps the
     ``SERVICE_OUTBOX_MAX_ATTEMPTS`` limit.
     """
-    message_id = new_id("msg")
-    sealed = kms.seal(orjson.dumps({"subject": subject, "text": text, "html": html}),
-                      body_aad(message_id))
+    message_id, sealed = sealed_body(kms, subject=subject, text=text, html=html)
     await repository.insert(conn, message_id=message_id, project_id=project_id, channel=channel,
                             kind=kind, destination=destination, body_sealed=sealed,
                             expires_at=expires_at)
     return message_id
+
+
+def sealed_body(kms: LocalKms, *, subject: str, text: str,
+                html: str | None = None) -> tuple[str, bytes]:
+    """A new ``msg_`` id and the message body sealed to it (``enqueue``'s fields)."""
+    message_id = new_id("msg")
+    return message_id, kms.seal(orjson.dumps({"subject": subject, "text": text, "html": html}),
+                                body_aad(message_id))
+
+
+def message_params(kms: LocalKms, *, project_id: str, channel: Channel, destination: str,
+                   kind: str, subject: str, text: str, ttl: timedelta,
+                   name: str = "message") -> dict[str, object]:
+    """The named parameters of ``insert_from(..., name=name)`` for one new message (fields as
+    :func:`enqueue`'s; ``ttl`` its lifetime from the transaction's ``now()``)."""
+    message_id, sealed = sealed_body(kms, subject=subject, text=text)
+    values = {"id": message_id, "project_id": project_id, "channel": channel, "kind": kind,
+              "destination": destination, "body_sealed": sealed, "ttl": ttl}
+    return {f"{name}_{column}": value for column, value in values.items()}
+
+
+insert_from = repository.insert_from
+"""SQL queueing a message from another domain's statement, from its ``message_params``
+(``repository.insert_from``)."""
 
 
 def open_body(kms: LocalKms, message_id: str, sealed: bytes | None) -> dict[str, Any]:

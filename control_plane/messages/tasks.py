@@ -28,7 +28,7 @@ from common.appkeys import PG_POOL, SETTINGS
 from common.db import Outage, delete_in_batches, listen_forever
 from common.runtime import background, every
 from common.settings import Settings
-from control_plane.appkeys import KMS, MAILBOX
+from control_plane.appkeys import KMS, MAILBOX, OUTBOX_WAKE
 from control_plane.kms import LocalKms
 from control_plane.messages import repository, service
 from control_plane.messages.senders import (
@@ -59,7 +59,7 @@ def backoff_seconds(attempts: int, base_seconds: float, *, cap_seconds: float = 
 
 
 async def run_outbox(pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
-                     senders: Mapping[Channel, Sender]) -> None:
+                     senders: Mapping[Channel, Sender], wake: asyncio.Event | None = None) -> None:
     """Deliver queued messages until cancelled (never returns otherwise).
 
     Claims due messages (``status = 'pending'``, ``next_attempt_at <= now()``, no live lease)
@@ -81,22 +81,23 @@ async def run_outbox(pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
       ``SERVICE_OUTBOX_MAX_ATTEMPTS``-th failure: ``status = 'failed'``, body wiped, logged at
       ERROR.
 
-    Wakes on ``NOTIFY authio_outbox`` (``enqueue``) through a dedicated ``LISTEN`` connection
-    and every ``SERVICE_OUTBOX_POLL_SECONDS``; a lost connection or database is retried with
+    Wakes on ``NOTIFY authio_outbox`` (``enqueue``) through a dedicated ``LISTEN`` connection,
+    when this process sets ``wake`` (``OUTBOX_WAKE``: a statement that queued messages without
+    a ``NOTIFY`` committed) and every ``SERVICE_OUTBOX_POLL_SECONDS``; a lost connection or database is retried with
     backoff and logged, never fatal. Cancelling abandons in-flight deliveries: their leases run
     out and some process delivers them again (at least once; receivers deduplicate on the
     ``msg_`` id, see ``control_plane.messages.senders``).
     """
-    await _Worker(pool, kms, settings, senders).run()
+    await _Worker(pool, kms, settings, senders, wake or asyncio.Event()).run()
 
 
 class _Worker:
     def __init__(self, pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
-                 senders: Mapping[Channel, Sender]) -> None:
+                 senders: Mapping[Channel, Sender], wake: asyncio.Event) -> None:
         self._pool, self._kms, self._settings, self._senders = pool, kms, settings, senders
         self._lease = timedelta(seconds=settings.outbox_lease_seconds)
         self._send_timeout = settings.outbox_lease_seconds * 0.9
-        self._wake = asyncio.Event()
+        self._wake = wake
         self._in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -257,7 +258,7 @@ async def workers(app: web.Application) -> AsyncIterator[None]:
             http = await stack.enter_async_context(aiohttp.ClientSession())
         senders = build_senders(settings, console=console, http=http)
         async with background(
-            outbox=run_outbox(pool, app[KMS], settings, senders),
+            outbox=run_outbox(pool, app[KMS], settings, senders, app[OUTBOX_WAKE]),
             messages_purge=every(settings.housekeeping_interval_seconds,
                                  functools.partial(purge, pool), what="message purge", logger=log),
         ):

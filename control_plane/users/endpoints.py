@@ -9,7 +9,7 @@ from aiohttp import web
 
 from common.errors import EmailInUse, InvalidEmail, PhoneInUse, UserNotFound
 from common.routing import Reply, RouteTable
-from control_plane.appkeys import CURSOR_SECRET, KMS
+from control_plane.appkeys import CURSOR_SECRET, KMS, OUTBOX_WAKE
 from control_plane.users import service
 from control_plane.users.schemas import (
     TOTAL_COUNT_HEADER,
@@ -39,7 +39,7 @@ async def post_users(call: Call, body: CreateUser) -> web.Response:
     The email is compared case-insensitively; a new user is sent one enrollment link."""
     async with call.connection() as conn:
         user = await service.create_user(conn, call.actor, body=body, kms=call.app[KMS],
-                                         settings=call.settings)
+                                         settings=call.settings, outbox=call.app[OUTBOX_WAKE])
     return call.reply(user, status=201 if user.created else 200)
 
 

@@ -6,8 +6,9 @@ from typing import Any, Final
 
 import asyncpg
 
-from common.db import Params
-from common.ids import new_id
+from common.db import Params, Statement
+from control_plane.audit import service as audit
+from control_plane.magic_links import service as magic_links
 from control_plane.users.schemas import USER_FIELDS, User
 
 COLUMNS: Final = ", ".join(USER_FIELDS)
@@ -41,18 +42,46 @@ async def find(conn: asyncpg.Connection | asyncpg.Pool, user_id: str, *,
     return user(row) if row is not None else None
 
 
-async def insert_unless_email_taken(conn: asyncpg.Connection, *, project_id: str, email: str,
-                                    email_verified: bool, phone_number: str | None, name: str,
-                                    metadata: dict[str, Any]) -> User | None:
-    """Insert a user, or nothing when the project has a user with that email (None). Raises
-    asyncpg.UniqueViolationError for a phone number in use."""
+async def project_and_user(conn: asyncpg.Connection, project_id: str,
+                           email: str) -> tuple[str, User | None]:
+    """The project's name and its user with ``email`` (compared case-insensitively, None when
+    there is none), in one round trip."""
     row = await conn.fetchrow(
-        f"""INSERT INTO users (id, project_id, email, email_verified, phone_number, name, metadata)
-            VALUES ($1, $2, $3, $4, $5, $6, $7)
-            ON CONFLICT (project_id, lower(email)) WHERE email IS NOT NULL DO NOTHING
-            RETURNING {COLUMNS}""",
-        new_id("user"), project_id, email, email_verified, phone_number, name, metadata,
+        f"""SELECT p.name AS project_name, u.* FROM projects p
+            LEFT JOIN LATERAL (SELECT {COLUMNS} FROM users
+                               WHERE project_id = p.id AND lower(email) = lower($2)) u ON true
+            WHERE p.id = $1""",
+        project_id, email,
     )
+    assert row is not None  # the actor's project
+    found = User(*row[1:]) if row["id"] is not None else None
+    return row["project_name"], found
+
+
+def _create_statement() -> Statement:
+    p = Params()
+    columns = ("id", "project_id", "email", "email_verified", "phone_number", "name", "metadata")
+    sql = f"""WITH u AS (
+    INSERT INTO users ({", ".join(columns)}) VALUES ({", ".join(p[c] for c in columns)})
+    ON CONFLICT (project_id, lower(email)) WHERE email IS NOT NULL DO NOTHING
+    RETURNING {COLUMNS}, project_id
+), {magic_links.enrollment_from("u", p)},
+e AS ({audit.insert_from("u", p, name="user_event")})
+SELECT {COLUMNS} FROM u"""
+    return Statement(sql, p)
+
+
+CREATE: Final = _create_statement()
+"""A user, its enrollment link and message (``magic_links.enrollment_params``) and its
+``user.created`` (``audit.event_params(..., name="user_event")``) in one statement, so in
+one round trip and atomic without a transaction of its own; no row, and nothing written, when
+the project has a user with that email."""
+
+
+async def create(conn: asyncpg.Connection, values: dict[str, object]) -> User | None:
+    """Run :data:`CREATE` with ``values`` by parameter name: the new user, or None when the
+    email is taken. Raises asyncpg.UniqueViolationError for a phone number in use."""
+    row = await conn.fetchrow(CREATE.sql, *CREATE.params.bind(values))
     return user(row) if row is not None else None
 
 

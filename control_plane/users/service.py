@@ -16,12 +16,13 @@ A user of another project, an unknown id and a malformed id are all ``user_not_f
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
 
 from common.errors import EmailInUse, InvalidRequest, PhoneInUse, UserNotFound
-from common.ids import is_id
+from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
 from control_plane.kms import LocalKms
@@ -64,38 +65,42 @@ async def find_user(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, us
 
 async def create_user(
     conn: asyncpg.Connection, actor: Actor, *, body: CreateUser, kms: LocalKms, settings: Settings,
+    outbox: asyncio.Event,
 ) -> CreatedUser:
     """Create the user unless one with that email exists in the actor's project; ``created``
-    says whether this call did. Raises PhoneInUse (409)."""
+    says whether this call did; ``outbox`` (this process's outbox worker's wake-up) is set once
+    the enrollment message committed. Raises PhoneInUse (409).
+
+    Two round trips for a new user (the project's name, which its enrollment message carries,
+    with the lookup; then the user, its link, message and event in one statement, atomic
+    without a transaction of its own), one for an existing user: what an import is made of."""
     project_id = actor.project_id
     assert project_id is not None
     for _ in range(3):  # an existing row deleted between our insert and read: try again
-        async with conn.transaction():
-            try:
-                user = await repository.insert_unless_email_taken(
-                    conn, project_id=project_id, email=body.email,
-                    email_verified=body.email_verified, phone_number=body.phone_number,
-                    name=body.name, metadata=body.metadata or {})
-            except asyncpg.UniqueViolationError as exc:
-                raise _unique_violation(exc) from None
-            if user is None:
-                # Another transaction holds the email; ON CONFLICT waited for it to commit, and
-                # this new statement's snapshot sees its row.
-                existing = await repository.find_by_email(conn, project_id, body.email)
-                if existing is None:
-                    continue
-                return CreatedUser.of(existing, created=False)
-            await magic_links.issue_link(
-                conn, kms, settings, project_id=project_id, purpose="enrollment",
-                channel="email", destination=body.email,
-                ttl_seconds=settings.invitation_ttl_seconds, user_id=user.id,
-            )
-            await audit.record(
-                conn, actor, action="user.created", target_type="user", target_id=user.id,
-                user_id=user.id, description=f"Created user {body.email}",
-                metadata={"user_email": body.email, "email_verified": body.email_verified},
-            )
+        project_name, existing = await repository.project_and_user(conn, project_id, body.email)
+        if existing is not None:
+            return CreatedUser.of(existing, created=False)
+        user_id = new_id("user")
+        values = {
+            "id": user_id, "project_id": project_id, "email": body.email,
+            "email_verified": body.email_verified, "phone_number": body.phone_number,
+            "name": body.name, "metadata": body.metadata or {},
+            **magic_links.enrollment_params(kms, settings, project_id=project_id,
+                                            project_name=project_name, email=body.email),
+            **audit.event_params(
+                actor, name="user_event", action="user.created", target_type="user",
+                target_id=user_id, user_id=user_id, description=f"Created user {body.email}",
+                metadata={"user_email": body.email, "email_verified": body.email_verified}),
+        }
+        try:
+            user = await repository.create(conn, values)
+        except asyncpg.UniqueViolationError as exc:
+            raise _unique_violation(exc) from None
+        if user is not None:
+            outbox.set()
             return CreatedUser.of(user, created=True)
+        # Another transaction created the email first (ON CONFLICT waited for its commit):
+        # the next lookup returns its user.
     raise InvalidRequest("The user was deleted while being created; retry the request.")
 
 
