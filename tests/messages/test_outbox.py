@@ -465,6 +465,21 @@ async def test_notify_wakes_the_worker_and_it_survives_connection_loss(
         assert await eventually(new_listener, what="a new listener connection")
 
 
+async def test_a_created_users_enrollment_message_wakes_its_process_worker(
+    http: ClientSession, outbox_settings: Callable[..., Settings],
+) -> None:
+    """POST /v1/users queues the enrollment message without a NOTIFY (notifying transactions
+    commit one at a time) and wakes the worker of its own process once the statement committed:
+    with an hour between polls the message still goes out at once."""
+    async with serving(http, combined_app(outbox_settings(outbox_poll_seconds=3600))) as api:
+        project = await bootstrap_project(api, "wake")
+        address = f"enrolled-{secrets.token_hex(4)}@example.com"
+        r = await project.api.post("/v1/users", {"email": address, "email_verified": True})
+        assert r.status == 201, r.body
+        [got] = await mailbox_messages(project.api, address, within=5)
+        assert got["kind"] == "enrollment"
+
+
 async def test_worker_survives_a_postgresql_restart(
     settings_factory: Callable[..., Settings], http: ClientSession, redis_url: str,
 ) -> None:
