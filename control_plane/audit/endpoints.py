@@ -34,6 +34,7 @@ from control_plane.web import auth
 from control_plane.web.actor import Call
 from control_plane.web.endpoint import endpoint
 from control_plane.web.pagination import Listing, Page, PageQuery
+from control_plane.web.streaming import stream_body
 
 log = logging.getLogger("authio.audit")
 
@@ -76,30 +77,13 @@ async def _export(call: Call, query: ExportQuery, fmt: service.ExportFormat,
     response.content_type = content_type
     if fmt == "csv":
         response.charset = "utf-8"
-    try:
-        async with service.open_export(call.pool, _listing(call), query,
-                                       fmt) as export:
-            if export.next_cursor is not None:
-                response.headers["Service-Next-Cursor"] = export.next_cursor
-                response.headers["Link"] = (
-                    f'<{request.rel_url.update_query(cursor=export.next_cursor)}>; rel="next"')
-            await response.prepare(request)
-            async for chunk in export.chunks:
-                await response.write(chunk)
-    except Exception as exc:
-        if not response.prepared:
-            raise  # nothing sent yet: the envelope middleware answers
-        # The status line is out. A client that left needs nothing; otherwise all that is left
-        # is to cut the transfer short, so the client sees an incomplete body, not a whole file.
-        if isinstance(exc, ConnectionResetError):
-            log.info("audit export: the client went away", extra={"request_id": request_id(request)})
-        else:
-            log.exception("audit export failed mid-stream", extra={"request_id": request_id(request)})
-            if request.transport is not None:
-                request.transport.abort()
-        return response
-    await response.write_eof()
-    return response
+    async with service.open_export(call.pool, _listing(call), query, fmt) as export:
+        if export.next_cursor is not None:
+            response.headers["Service-Next-Cursor"] = export.next_cursor
+            response.headers["Link"] = (
+                f'<{request.rel_url.update_query(cursor=export.next_cursor)}>; rel="next"')
+        return await stream_body(request, response, export.chunks, what="audit export",
+                                 logger=log)
 
 
 @endpoint(routes, "GET", "/v1/audit/events.csv", auth=AUDIT_READ, allow_head=False,

@@ -30,6 +30,7 @@ from control_plane.web import auth
 from control_plane.web.actor import Call
 from control_plane.web.endpoint import endpoint
 from control_plane.web.pages import page
+from control_plane.web.streaming import stream_body
 
 log = logging.getLogger("authio.imports")
 
@@ -152,17 +153,8 @@ async def get_import_credential_export(call: Call) -> web.StreamResponse:
     response = web.StreamResponse(headers={"X-Request-Id": request_id(call.request),
                                            "Cache-Control": "no-store"})
     response.content_type = "application/json"
-    await response.prepare(call.request)
-    try:
-        async for chunk in chunks:
-            await response.write(chunk)
-    except Exception:
-        log.exception("live import export failed mid-stream")
-        if call.request.transport is not None:
-            call.request.transport.abort()
-        return response
-    await response.write_eof()
-    return response
+    return await stream_body(call.request, response, chunks, what="live import export",
+                             logger=log)
 
 
 @endpoint(routes, "DELETE", _CREDENTIAL_PATH, auth=IMPORTS_WRITE, errors=[NotFound],
