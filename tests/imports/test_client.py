@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from aiohttp import web
+from aiohttp import ClientTimeout, web
 
 from control_plane.imports.client import HTTP_ATTEMPTS, ImportAborted, ServiceClient
 from tests.fixtures.service import start_app
@@ -80,3 +80,42 @@ async def test_a_refused_key_stops_everything(status: int) -> None:
         await client.close()
         await running.stop()
     assert len(seen) == 1
+
+
+async def test_login_polls_again_after_a_poll_that_timed_out_or_was_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`authio login`'s token poll that gets no answer in time, or a dropped connection, is a
+    network failure like any other: the device polls again at its interval and the approval
+    that follows is received (a poll that timed out once ended the login with a traceback)."""
+    import asyncio
+    import io
+
+    from control_plane.cli import login
+
+    polls: list[str] = []
+
+    async def code(_: web.Request) -> web.Response:
+        return web.json_response({
+            "device_code": "dc", "user_code": "ABCD-EFGH", "interval": 1, "expires_in": 60,
+            "verification_uri": "http://x/device", "verification_uri_complete": "http://x/device"})
+
+    async def token(request: web.Request) -> web.Response:
+        polls.append(["slow", "drop", "ok"][min(len(polls), 2)])
+        if polls[-1] == "slow":
+            await asyncio.sleep(3)  # past the client's timeout
+        if polls[-1] == "drop":
+            assert request.transport is not None
+            request.transport.close()
+        return web.json_response({"access_token": "sk_live_x", "token_type": "Bearer",
+                                  "project_id": "proj_1", "key_id": "key_1"})
+    app = web.Application()
+    app.router.add_post("/v1/cli/device/code", code)
+    app.router.add_post("/v1/cli/device/token", token)
+    running = await start_app(app)
+    monkeypatch.setattr(login, "TIMEOUT", ClientTimeout(total=1))
+    try:
+        got = await login.device_login(running.base_url, open_browser=False, out=io.StringIO())
+    finally:
+        await running.stop()
+    assert polls == ["slow", "drop", "ok"]
+    assert (got.api_key, got.project_id, got.key_id) == ("sk_live_x", "proj_1", "key_1")
