@@ -231,6 +231,22 @@ class InvitationNotPending(ServiceError):
         "invitation_not_pending", 409, "The invitation was already accepted, revoked or expired.")
 
 
+class RecoveryRequestNotFound(ServiceError):
+    code, status, default_message = (
+        "recovery_request_not_found", 404, "No recovery request with that id in this project.")
+
+
+class RecoveryRequestPending(ServiceError):
+    code, status, default_message = (
+        "recovery_request_pending", 409,
+        "The user has a pending recovery request; approve or deny it first.")
+
+
+class RecoveryRequestNotPending(ServiceError):
+    code, status, default_message = (
+        "recovery_request_not_pending", 409, "The recovery request was already approved or denied.")
+
+
 class Forbidden(ServiceError):
     """The caller is known but this request is refused (DESIGN.md: ``forbidden`` 403, edge
     validation's denied check; here also a cross-origin cookie request, ``web.auth``)."""

@@ -19,7 +19,8 @@ from ulid import ULID
 
 PREFIXES: Final = frozenset(
     {"ten", "proj", "key", "user", "org", "mem", "inv", "sess", "store", "dsr", "evt", "whep",
-     "strm", "rd", "chal", "req", "msg", "kid", "pk", "dlv", "inc", "mw", "devauth", "impc"}
+     "strm", "rd", "chal", "req", "msg", "kid", "pk", "dlv", "inc", "mw", "devauth", "impc",
+     "rcv"}
 )
 _ID_RE: Final = re.compile(r"([a-z]+)_([0-9a-hjkmnp-tv-z]{26})")
 
@@ -27,7 +28,7 @@ PATH_IDS: Final = {"store_id": "store", "key_id": "key", "user_id": "user", "org
                    "membership_id": "mem", "invitation_id": "inv", "passkey_id": "pk",
                    "decision_id": "rd", "endpoint_id": "whep", "delivery_id": "dlv",
                    "stream_id": "strm", "dsr_id": "dsr", "incident_id": "inc",
-                   "window_id": "mw", "credential_id": "impc"}
+                   "window_id": "mw", "credential_id": "impc", "recovery_id": "rcv"}
 """The path parameters of the API, each naming a resource by its id, and the prefix of that id
 (the routes declare no others; the OpenAPI document gives each the pattern of :func:`id_pattern`)."""
 

@@ -60,6 +60,7 @@ from control_plane.oauth.protocol import OAuthClient
 from control_plane.organizations import endpoints as organizations
 from control_plane.passkeys import endpoints as passkeys
 from control_plane.passkeys import tasks as passkey_tasks
+from control_plane.recovery import endpoints as recovery
 from control_plane.risk import endpoints as risk
 from control_plane.risk import tasks as risk_tasks
 from control_plane.risk.service import RiskEngine
@@ -87,7 +88,8 @@ DESCRIPTION: Final = (
 ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.routes,
                  sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
                  risk.routes, signing_keys.routes,
-                 audit.routes, webhooks.routes, compliance.routes, imports.routes)
+                 audit.routes, webhooks.routes, compliance.routes, imports.routes,
+                 recovery.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
     session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,

@@ -232,6 +232,11 @@ async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
         "provider": "descope", "source_project_id": "P2fuzz", "token": "K2fuzz"})
     assert (await api.delete(f"/v1/imports/credentials/{credential}")).status == 200
     ids["credential_id"] = credential
+    # A recovery request of the user, pending (each operation has a world of its own: an
+    # approval moves only that world's user to the new address).
+    r = await api.post("/v1/recovery/requests", {"user_id": user, "email": email()})
+    assert r.status == 201, r.body
+    ids["recovery_id"] = r.body["id"]
     if passkey:  # the user's, registered after signing in (the enrollment link came first)
         await configure_passkeys(project)  # again: a fuzzed PATCH /v1/projects/me changes it
         user = await signed_in(project, address, count=2)

@@ -4,7 +4,6 @@ maintenance windows (``incidents``, ``maintenance_windows``, migration 0014)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -48,18 +47,6 @@ LISTED: Final = "(SELECT *, id AS dsr_id FROM dsr_requests) d"
 
 
 DSR_OVERDUE: Final = "(status <> 'fulfilled' AND due_at < now())"
-
-
-def listing_condition(p: Params, equal: Mapping[str, object | None], *,
-                      overdue: bool | None = None, overdue_when: str = "FALSE") -> str:
-    """A listing's filters (``TRUE`` for none): each column of ``equal`` (the caller's constant
-    names, never input) equal to its value where one is given; with ``overdue``, only the rows
-    for which ``overdue_when`` (:data:`DSR_OVERDUE`, :data:`INCIDENT_OVERDUE`) holds, or fails."""
-    conds = ["TRUE", *(f"{column} = {p(value)}" for column, value in equal.items()
-                       if value is not None)]
-    if overdue is not None:
-        conds.append(f"{'' if overdue else 'NOT '}{overdue_when}")
-    return " AND ".join(conds)
 
 
 async def start_deletion(conn: asyncpg.Connection, dsr_id: str, *, user_id: str | None,
@@ -145,6 +132,7 @@ WHERE d.project_id = {project} AND d.status = 'pending' AND e.project_id = {proj
     ("refresh_tokens", """
 DELETE FROM refresh_tokens WHERE session_id IN (SELECT id FROM sessions WHERE user_id = {user})"""),
     ("step_up_challenges", "DELETE FROM step_up_challenges WHERE user_id = {user}"),
+    ("recovery_requests", "DELETE FROM recovery_requests WHERE user_id = {user}"),
     ("sessions", "DELETE FROM sessions WHERE user_id = {user}"),
     ("oauth_identities", """
 DELETE FROM oauth_identities
@@ -321,6 +309,9 @@ FROM risk_decisions WHERE project_id = {project} AND user_id = {user} ORDER BY i
 SELECT id, decision_id, method, organization_id, status, satisfied_by, session_id, created_at,
        expires_at, used_at
 FROM step_up_challenges WHERE user_id = {user} ORDER BY id"""),
+    ("recovery_requests", """
+SELECT id, channel, destination, reason, status, decision_note, decided_at, created_at
+FROM recovery_requests WHERE user_id = {user} ORDER BY id"""),
 )
 """What an export gathers besides the user row and the audit events (statements over the named
 values ``{user}``, ``{project}``):

@@ -80,7 +80,7 @@ from control_plane.compliance.schemas import (
 )
 from control_plane.sessions import service as sessions
 from control_plane.web.actor import Actor
-from control_plane.web.pagination import Listing, Page, page_by_id
+from control_plane.web.pagination import Listing, Page, listing_condition, page_by_id
 
 log = logging.getLogger("authio.compliance")
 
@@ -139,7 +139,7 @@ async def list_dsrs(pool: asyncpg.Pool, listing: Listing, query: DsrQuery) -> Pa
     return await page_by_id(
         pool, listing, query, table=repository.LISTED, alias="d", id_column="dsr_id",
         columns=repository.DSR_COLUMNS, row=_dsr,
-        where=lambda p: repository.listing_condition(
+        where=lambda p: listing_condition(
             p, {"status": query.status, "request_type": query.type}, overdue=query.overdue,
             overdue_when=repository.DSR_OVERDUE))
 
@@ -394,7 +394,7 @@ async def list_incidents(pool: asyncpg.Pool, listing: Listing,
     return await page_by_id(
         pool, listing, query, table="incidents", columns=repository.INCIDENT_COLUMNS,
         row=_incident,
-        where=lambda p: repository.listing_condition(
+        where=lambda p: listing_condition(
             p, {"status": query.status, "severity": query.severity}, overdue=query.overdue,
             overdue_when=repository.INCIDENT_OVERDUE))
 
@@ -505,7 +505,7 @@ async def list_windows(pool: asyncpg.Pool, listing: Listing,
     """A page of the project's windows, oldest first. Raises InvalidRequest (cursor)."""
     return await page_by_id(
         pool, listing, query, table="maintenance_windows", columns=repository.WINDOW_COLUMNS,
-        row=_window, where=lambda p: repository.listing_condition(p, {"status": query.status}))
+        row=_window, where=lambda p: listing_condition(p, {"status": query.status}))
 
 
 async def update_window(conn: asyncpg.Connection, actor: Actor, *, window_id: str,

@@ -71,13 +71,13 @@ FROM magic_link_tokens t {_FOUND_USER}
 {history}
 WHERE t.token_hash = {p['token_hash']} AND t.consumed_at IS NULL AND t.expires_at > now()
   AND ({p['named_project']}::text IS NULL OR t.project_id = {p['named_project']})
-  AND t.purpose IN ('signin', 'enrollment')
+  AND t.purpose IN ('signin', 'enrollment', 'recovery')
 """
     return Statement(sql, p)
 
 
 LOOKUPS: Final = {scored: _lookup(scored=scored) for scored in (True, False)}
-"""The fast path's read, without a lock: a usable sign-in or enrollment link (not an
+"""The fast path's read, without a lock: a usable sign-in, enrollment or recovery link (not an
 invitation's or a step-up's) of hash ``token_hash`` (of project ``named_project`` when named),
 with the user it names and, when the sign-in is scored (``True``), what the risk engine will
 score it against (``risk.history_join``, parameters ``risk_*``)."""
@@ -117,7 +117,8 @@ def _use_token(p: Params, condition: str) -> str:
     return f"""t AS (
     UPDATE magic_link_tokens SET consumed_at = now()
     WHERE token_hash = {p['token_hash']} AND consumed_at IS NULL AND expires_at > now()
-      AND project_id = {p['project_id']} AND purpose IN ('signin', 'enrollment') AND {condition}
+      AND project_id = {p['project_id']} AND purpose IN ('signin', 'enrollment', 'recovery')
+      AND {condition}
     RETURNING 1)"""
 
 

@@ -28,7 +28,7 @@ from control_plane.messages import service as messages
 from control_plane.web.ratelimit import RateLimit, client_bucket
 from control_plane.web.schemas import Channel
 
-Purpose = Literal["signin", "enrollment", "invitation", "step_up"]
+Purpose = Literal["signin", "enrollment", "invitation", "step_up", "recovery"]
 VERIFY_PATH: Final = "/v1/auth/magic-link/verify"
 
 _TEXTS: Final = {
@@ -41,6 +41,10 @@ _TEXTS: Final = {
     "invitation": ("You are invited to join {organization} on {project}",
                    "You have been invited to join {organization} on {project}. Use this link to "
                    "accept; it works once and expires in {lifetime}.\n\n{url}\n"),
+    "recovery": ("Your account recovery link for {project}",
+                 "Your request to recover your account at {project} was approved. Use this link "
+                 "to sign in and confirm this address; it works once and expires in {lifetime}."
+                 "\n\n{url}\n\nIf you did not ask for it, tell {project} at once."),
     "step_up": ("Confirm your sign-in to {project}",
                 "Someone, hopefully you, is signing in to {project} and we want to be sure it is "
                 "you. Use this link to confirm; it works once and expires in {lifetime}.\n\n"
@@ -87,6 +91,11 @@ async def issue_link(
         subject=subject, text=text,
         expires_at=timedelta(seconds=ttl_seconds),  # now() + ttl: the token's own expires_at
     )
+
+
+user_of_destination = repository.user_id_by_destination
+"""The id of the project's user holding an e-mail address (case-insensitively) or an E.164
+number (``channel`` ``email`` or ``sms``), or None."""
 
 
 def _message(settings: Settings, purpose: Purpose, channel: Channel, *, project_id: str,

@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Final, Generic, TypeVar
 
@@ -223,3 +223,16 @@ async def load_cursor_secret(pool: asyncpg.Pool) -> bytes:
                                 CURSOR_SECRET_NAME)
     assert isinstance(value, bytes) and len(value) >= 32
     return value
+
+
+def listing_condition(p: Params, equal: Mapping[str, object | None], *,
+                      overdue: bool | None = None, overdue_when: str = "FALSE") -> str:
+    """A listing's filters for ``page_by_id``'s ``where`` (``TRUE`` for none): each column of
+    ``equal`` (the caller's constant names, never input) equal to its value where one is given;
+    with ``overdue``, only the rows for which ``overdue_when`` (a condition of the caller's, such
+    as compliance's ``DSR_OVERDUE``) holds, or fails."""
+    conds = ["TRUE", *(f"{column} = {p(value)}" for column, value in equal.items()
+                       if value is not None)]
+    if overdue is not None:
+        conds.append(f"{'' if overdue else 'NOT '}{overdue_when}")
+    return " AND ".join(conds)
