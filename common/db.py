@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import asyncpg
 import orjson
@@ -347,6 +347,79 @@ class Outage:
         if self.failures:
             self.logger.info("%s works again", self.what)
             self.failures = 0
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimLimits:
+    """How a :func:`claim_forever` loop paces itself: at most ``batch`` rows a claim and
+    ``in_flight`` handled at once; with nothing to claim it waits for a wake-up or
+    ``poll_seconds``."""
+
+    batch: int
+    in_flight: int
+    poll_seconds: float
+
+
+async def claim_forever(
+    claim: Callable[[int], Awaitable[Sequence[T]]],
+    handle: Callable[[T], Coroutine[Any, Any, None]], *, limits: ClaimLimits,
+    wake: asyncio.Event, what: str, logger: logging.Logger, name: Callable[[T], str],
+    listen: tuple[str, str, str] | None = None,
+) -> None:
+    """A worker that claims due rows under a lease and handles each in a task of its own, until
+    cancelled (the outbox's and the webhook deliveries' loop).
+
+    ``claim(n)`` claims at most ``n`` rows (a lease and an attempt counted in its statement);
+    each row goes to ``handle`` in a task named ``name(row)``, at most ``limits.in_flight`` at
+    once. After a full batch it claims again at once (more may be due); otherwise it waits for
+    ``wake`` (set by ``NOTIFY`` on the ``listen`` connection, ``(dsn, channel,
+    application_name)``, by whoever queued rows in this process, and when a task ends) or
+    ``limits.poll_seconds``. A failed claim is waited out (:class:`Outage`, logged as ``what``).
+    Cancelling abandons the tasks in flight: their leases run out and a claim takes them again
+    (at least once)."""
+    in_flight: set[asyncio.Task[None]] = set()
+
+    def done(task: asyncio.Task[None]) -> None:
+        in_flight.discard(task)
+        wake.set()
+
+    listener = None if listen is None else asyncio.create_task(listen_forever(
+        listen[0], listen[1], wake, application_name=listen[2], logger=logger),
+        name=f"{listen[2]}")
+    outage = Outage(what, logger)
+    try:
+        while True:
+            wake.clear()  # before claiming: a wake-up during the claim ends the next wait
+            free = limits.in_flight - len(in_flight)
+            more = False
+            if free > 0:
+                want = min(free, limits.batch)
+                try:
+                    rows = await claim(want)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    await outage.failed(exc)
+                    continue
+                outage.over()
+                for row in rows:
+                    task = asyncio.create_task(handle(row), name=name(row))
+                    in_flight.add(task)
+                    task.add_done_callback(done)
+                more = len(rows) == want
+            if more and len(in_flight) < limits.in_flight:
+                continue  # a full batch: more may be due right now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(limits.poll_seconds):
+                    await wake.wait()
+    finally:
+        tasks = [*([listener] if listener is not None else []), *in_flight]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def listen_forever(dsn: str, channel: str, wake: asyncio.Event, *, application_name: str,

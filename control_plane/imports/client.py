@@ -74,7 +74,8 @@ class ServiceClient:
         self._limiter = AsyncLimiter(rate, 1.0)
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=30),
-            connector=aiohttp.TCPConnector(limit=concurrency))
+            connector=aiohttp.TCPConnector(limit=concurrency),
+            cookie_jar=aiohttp.DummyCookieJar())  # an API client: no cookie to keep or send
         self._note = note
         self._paused = False
 

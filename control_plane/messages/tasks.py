@@ -25,7 +25,7 @@ import asyncpg
 from aiohttp import web
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.db import Outage, delete_in_batches, listen_forever
+from common.db import ClaimLimits, claim_forever, delete_in_batches
 from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS, MAILBOX, OUTBOX_WAKE
@@ -88,66 +88,29 @@ async def run_outbox(pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
     out and some process delivers them again (at least once; receivers deduplicate on the
     ``msg_`` id, see ``control_plane.messages.senders``).
     """
-    await _Worker(pool, kms, settings, senders, wake or asyncio.Event()).run()
+    worker = _Worker(pool, kms, settings, senders)
+    await claim_forever(
+        worker.claim, worker.deliver, wake=wake or asyncio.Event(),
+        limits=ClaimLimits(CLAIM_BATCH, MAX_IN_FLIGHT, settings.outbox_poll_seconds),
+        what="claiming outbox messages", logger=log, name=lambda row: f"outbox-{row['id']}",
+        listen=(settings.database_url, repository.NOTIFY_CHANNEL, LISTEN_APPLICATION_NAME))
 
 
 class _Worker:
     def __init__(self, pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
-                 senders: Mapping[Channel, Sender], wake: asyncio.Event) -> None:
+                 senders: Mapping[Channel, Sender]) -> None:
         self._pool, self._kms, self._settings, self._senders = pool, kms, settings, senders
         self._lease = timedelta(seconds=settings.outbox_lease_seconds)
         self._send_timeout = settings.outbox_lease_seconds * 0.9
-        self._wake = wake
-        self._in_flight: set[asyncio.Task[None]] = set()
 
-    async def run(self) -> None:
-        listener = asyncio.create_task(listen_forever(
-            self._settings.database_url, repository.NOTIFY_CHANNEL, self._wake,
-            application_name=LISTEN_APPLICATION_NAME, logger=log), name="outbox-listen")
-        try:
-            await self._claim_loop()
-        finally:
-            tasks = [listener, *self._in_flight]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    # -- claiming ----------------------------------------------------------------------------
-
-    async def _claim_loop(self) -> None:
-        outage = Outage("claiming outbox messages", log)
-        while True:
-            self._wake.clear()  # before claiming: a NOTIFY during the claim wakes the next wait
-            free = MAX_IN_FLIGHT - len(self._in_flight)
-            more = False
-            if free > 0:
-                want = min(free, CLAIM_BATCH)
-                try:
-                    rows = await self._pool.fetch(repository.CLAIM, want, self._lease)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    await outage.failed(exc)
-                    continue
-                outage.over()
-                for row in rows:
-                    task = asyncio.create_task(self._deliver(row), name=f"outbox-{row['id']}")
-                    self._in_flight.add(task)
-                    task.add_done_callback(self._done)
-                more = len(rows) == want
-            if more and len(self._in_flight) < MAX_IN_FLIGHT:
-                continue  # a full batch: more may be due right now
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._settings.outbox_poll_seconds):
-                    await self._wake.wait()
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        self._wake.set()  # a delivery slot is free (and a failed one may be due again soon)
+    async def claim(self, want: int) -> list[asyncpg.Record]:
+        """Up to ``want`` due messages, leased (``repository.CLAIM``)."""
+        rows: list[asyncpg.Record] = await self._pool.fetch(repository.CLAIM, want, self._lease)
+        return rows
 
     # -- delivering --------------------------------------------------------------------------
 
-    async def _deliver(self, row: asyncpg.Record) -> None:
+    async def deliver(self, row: asyncpg.Record) -> None:
         message_id, attempts = row["id"], row["attempts"]
         if row["expired"]:  # its link is dead: sending it helps nobody
             await self._expired(row)

@@ -46,7 +46,7 @@ from aiohttp import web
 from opentelemetry import propagate, trace
 
 from common.appkeys import PG_POOL, SETTINGS
-from common.db import Outage, delete_in_batches, listen_forever
+from common.db import ClaimLimits, Outage, claim_forever, delete_in_batches
 from common.runtime import background, every
 from common.settings import Settings
 from control_plane.appkeys import KMS
@@ -146,51 +146,17 @@ class Deliverer:
         self._pool, self._kms, self._settings, self._session = pool, kms, settings, session
         self._delays = settings.webhook_retry_delays
         self._lease = timedelta(seconds=3 * settings.webhook_timeout_seconds + 10)
-        self._wake = asyncio.Event()
-        self._in_flight: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        listener = asyncio.create_task(listen_forever(
-            self._settings.database_url, repository.NOTIFY_CHANNEL, self._wake,
-            application_name=LISTEN_APPLICATION_NAME, logger=log), name="webhooks-listen")
-        try:
-            await self._claim_loop()
-        finally:
-            tasks = [listener, *self._in_flight]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _claim_loop(self) -> None:
-        outage = Outage("claiming webhook deliveries", log)
-        while True:
-            self._wake.clear()
-            free = MAX_IN_FLIGHT - len(self._in_flight)
-            more = False
-            if free > 0:
-                want = min(free, CLAIM_BATCH)
-                try:
-                    claimed = await self._claim(want)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    await outage.failed(exc)
-                    continue
-                outage.over()
-                for job in claimed:
-                    task = asyncio.create_task(self._deliver(*job), name=f"webhook-{job[0]['id']}")
-                    self._in_flight.add(task)
-                    task.add_done_callback(self._done)
-                more = len(claimed) == want
-            if more and len(self._in_flight) < MAX_IN_FLIGHT:
-                continue
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(DELIVERY_POLL_SECONDS):
-                    await self._wake.wait()
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        self._wake.set()
+        """Deliver until cancelled (``common.db.claim_forever``: woken by ``NOTIFY``, polling
+        every :data:`DELIVERY_POLL_SECONDS`)."""
+        await claim_forever(
+            self._claim, self._deliver, wake=asyncio.Event(),
+            limits=ClaimLimits(CLAIM_BATCH, MAX_IN_FLIGHT, DELIVERY_POLL_SECONDS),
+            what="claiming webhook deliveries", logger=log,
+            name=lambda job: f"webhook-{job[0]['id']}",
+            listen=(self._settings.database_url, repository.NOTIFY_CHANNEL,
+                    LISTEN_APPLICATION_NAME))
 
     async def _claim(self, want: int) -> list[tuple[asyncpg.Record, asyncpg.Record | None,
                                                      asyncpg.Record | None]]:
@@ -206,8 +172,10 @@ class Deliverer:
                 [r["event_id"] for r in rows])}
         return [(r, endpoints.get(r["endpoint_id"]), events.get(r["event_id"])) for r in rows]
 
-    async def _deliver(self, row: asyncpg.Record, endpoint: asyncpg.Record | None,
-                       event: asyncpg.Record | None) -> None:
+    async def _deliver(self, job: tuple[asyncpg.Record, asyncpg.Record | None,
+                                        asyncpg.Record | None]) -> None:
+        """Attempt one claimed delivery (``_claim``'s triple) and record its outcome."""
+        row, endpoint, event = job
         at = datetime.now(UTC)
         if endpoint is None:
             return  # deleted meanwhile, with its deliveries
