@@ -76,7 +76,7 @@ async def create_user(
     without a transaction of its own), one for an existing user: what an import is made of."""
     project_id = actor.project_id
     assert project_id is not None
-    for _ in range(3):  # an existing row deleted between our insert and read: try again
+    for _ in range(3):  # a concurrent creation won (look again), or deleted it meanwhile
         project_name, existing = await repository.project_and_user(conn, project_id, body.email)
         if existing is not None:
             return CreatedUser.of(existing, created=False)
