@@ -131,6 +131,9 @@ async def test_an_unknown_address_is_fulfilled_as_nothing_held(cproject: Project
 async def test_export_gathers_the_user_and_no_secret(cproject: Project, cdb: asyncpg.Pool) -> None:
     address = email()
     signed = await sign_in(cproject, address)
+    recovery = await cproject.api.post("/v1/recovery/requests", {
+        "user_id": signed.user_id, "email": email(), "reason": "lost phone"})
+    assert recovery.status == 201, recovery.body
     made = await dsr(cproject, "export", address)
     path = f"/v1/compliance/dsr/{made['dsr_id']}/fulfill"
     missing = await cproject.api.post(path, {})
@@ -145,6 +148,8 @@ async def test_export_gathers_the_user_and_no_secret(cproject: Project, cdb: asy
     assert document["user"]["id"] == signed.user_id and document["user"]["email"] == address
     assert [s["id"] for s in document["sessions"]] == [signed.session_id]
     assert len(document["risk_decisions"]) == 1
+    assert [(x["id"], x["reason"]) for x in document["recovery_requests"]] \
+        == [(recovery.body["id"], "lost phone")]
     assert {e["action"] for e in document["audit_events"]} >= {"user.created", "auth.signin_attempt"}
     assert all(e["user_id"] == signed.user_id or e["actor_id"] == signed.user_id
                for e in document["audit_events"])

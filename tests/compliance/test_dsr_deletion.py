@@ -64,6 +64,9 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
         invited = await cproject.api.post(f"/v1/organizations/{other['id']}/invitations",
                                           {"email": address})
         assert invited.status == 201, invited.body
+        recovery = await cproject.api.post("/v1/recovery/requests", {"user_id": user_id,
+                                                                     "email": email()})
+        assert recovery.status == 201, recovery.body
 
         async def pending() -> bool:
             return bool(await cdb.fetchval(
@@ -81,7 +84,8 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
         before = await naming(cdb, [user_id, address])
         assert {"users.email", "sessions.user_id", "passkeys.user_id", "memberships.user_id",
                 "invitations.email", "audit_events.user_id", "risk_decisions.user_id",
-                "risk_known.user_id", "messages.destination"} <= set(before), before
+                "risk_known.user_id", "messages.destination",
+                "recovery_requests.user_id"} <= set(before), before
 
         # The export of the same seed holds all of it, and no secret.
         exported = await cproject.api.post("/v1/compliance/dsr", {"request_type": "export",
@@ -112,6 +116,7 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
         deleted = body["deleted"]
         assert (deleted["users"], deleted["sessions"], deleted["passkeys"]) == (1, 3, 1)
         assert deleted["memberships"] == 1 and deleted["invitations"] == 1
+        assert deleted["recovery_requests"] == 1
         assert deleted["refresh_tokens"] >= 2 and deleted["messages"] >= 2
         assert deleted["risk_known"] >= 1 and deleted["risk_last_locations"] >= 0
         assert deleted["webhook_deliveries"] >= 1
