@@ -388,7 +388,7 @@ async def claim_forever(
 
     listener = None if listen is None else asyncio.create_task(listen_forever(
         listen[0], listen[1], wake, application_name=listen[2], logger=logger),
-        name=f"{listen[2]}")
+        name=listen[2])
     outage = Outage(what, logger)
     try:
         while True:

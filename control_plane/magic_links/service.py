@@ -106,9 +106,10 @@ def _message(settings: Settings, purpose: Purpose, channel: Channel, *, project_
     subject, text = _TEXTS[purpose]
     fields = {"project": project_name, "organization": organization_name or "an organization",
               "lifetime": _lifetime(ttl_seconds), "url": url}
+    subject = subject.format(**fields)
     if channel == "sms":  # one short segment-friendly line
-        return subject.format(**fields), f"{subject.format(**fields)}: {url}"
-    return subject.format(**fields), text.format(**fields)
+        return subject, f"{subject}: {url}"
+    return subject, text.format(**fields)
 
 
 def enrollment_params(kms: LocalKms, settings: Settings, *, project_id: str, project_name: str,

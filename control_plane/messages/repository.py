@@ -57,6 +57,11 @@ DELETE FROM messages WHERE id IN (
       AND coalesce(sent_at, created_at) < now() - interval '7 days' LIMIT $1)"""
 
 
+INSERT_FROM_COLUMNS: Final = ("id", "project_id", "channel", "kind", "destination", "body_sealed")
+"""A queued message's columns besides ``expires_at``, in the order both inserts give them."""
+_COLUMNS: Final = ", ".join(INSERT_FROM_COLUMNS)
+
+
 async def insert(conn: asyncpg.Connection, *, message_id: str, project_id: str, channel: str,
                  kind: str, destination: str, body_sealed: bytes,
                  expires_at: datetime | timedelta | None) -> None:
@@ -64,18 +69,14 @@ async def insert(conn: asyncpg.Connection, *, message_id: str, project_id: str, 
     ``now()``) and wake the workers (``NOTIFY``, delivered at commit), in one round trip."""
     at, after = (None, expires_at) if isinstance(expires_at, timedelta) else (expires_at, None)
     await conn.execute(
-        """WITH queued AS (
-               INSERT INTO messages (id, project_id, channel, kind, destination, body_sealed,
-                                     expires_at)
+        f"""WITH queued AS (
+               INSERT INTO messages ({_COLUMNS}, expires_at)
                VALUES ($1, $2, $3, $4, $5, $6, coalesce($7::timestamptz, now() + $8::interval))
                RETURNING id)
            SELECT pg_notify($9, id) FROM queued""",
         message_id, project_id, channel, kind, destination, body_sealed, at, after,
         NOTIFY_CHANNEL,
     )
-
-
-INSERT_FROM_COLUMNS: Final = ("id", "project_id", "channel", "kind", "destination", "body_sealed")
 
 
 def insert_from(source: str, p: Params, *, name: str = "message") -> str:
@@ -88,5 +89,5 @@ def insert_from(source: str, p: Params, *, name: str = "message") -> str:
     capped an import at the speed of one WAL flush per user; the caller wakes this process's
     worker once the statement committed (``OUTBOX_WAKE``), and the others poll."""
     values = ", ".join(p[f"{name}_{c}"] for c in INSERT_FROM_COLUMNS)
-    return (f"INSERT INTO messages ({', '.join(INSERT_FROM_COLUMNS)}, expires_at) "
+    return (f"INSERT INTO messages ({_COLUMNS}, expires_at) "
             f"SELECT {values}, now() + {p[f'{name}_ttl']}::interval FROM {source}")

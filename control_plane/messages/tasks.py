@@ -83,8 +83,8 @@ async def run_outbox(pool: asyncpg.Pool, kms: LocalKms, settings: Settings,
 
     Wakes on ``NOTIFY authio_outbox`` (``enqueue``) through a dedicated ``LISTEN`` connection,
     when this process sets ``wake`` (``OUTBOX_WAKE``: a statement that queued messages without
-    a ``NOTIFY`` committed) and every ``SERVICE_OUTBOX_POLL_SECONDS``; a lost connection or database is retried with
-    backoff and logged, never fatal. Cancelling abandons in-flight deliveries: their leases run
+    a ``NOTIFY`` committed) and every ``SERVICE_OUTBOX_POLL_SECONDS``; a lost connection or
+    database is retried with backoff and logged, never fatal. Cancelling abandons in-flight deliveries: their leases run
     out and some process delivers them again (at least once; receivers deduplicate on the
     ``msg_`` id, see ``control_plane.messages.senders``).
     """

@@ -8,13 +8,12 @@ import asyncpg
 
 COLUMNS: Final = ("id, user_id, channel, destination, reason, status, decision_note, decided_by, "
                   "decided_at, message_id, created_at")
-PENDING_CONSTRAINT: Final = "recovery_requests_one_pending"
 
 
 async def insert(conn: asyncpg.Connection, *, request_id: str, project_id: str, user_id: str,
                  channel: str, destination: str, reason: str | None) -> asyncpg.Record:
-    """A pending request. Raises asyncpg.UniqueViolationError (``PENDING_CONSTRAINT``) when the
-    user has one pending."""
+    """A pending request. The caller holds the user's row locked and checked ``pending_of``
+    (the unique index ``recovery_requests_one_pending`` stands behind that)."""
     row: asyncpg.Record = await conn.fetchrow(
         f"""INSERT INTO recovery_requests (id, project_id, user_id, channel, destination, reason)
             VALUES ($1, $2, $3, $4, $5, $6) RETURNING {COLUMNS}""",
