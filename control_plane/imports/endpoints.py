@@ -147,9 +147,9 @@ async def get_import_credential_export(call: Call) -> web.StreamResponse:
     404 for an unknown or expired credential; 400 `invalid_request` naming `token` when the
     origin refuses it; 503 when the origin cannot be read. A failure once the answer has
     started cuts the transfer short (the document is then incomplete JSON)."""
-    chunks = await service.open_export(call.pool, call.project_id,
-                                       credential_id=call.path("credential_id"),
-                                       kms=call.app[KMS], settings=call.settings)
+    chunks = service.open_export(call.pool, call.project_id,
+                                 credential_id=call.path("credential_id"),
+                                 kms=call.app[KMS], settings=call.settings)
     response = web.StreamResponse(headers={"X-Request-Id": request_id(call.request),
                                            "Cache-Control": "no-store"})
     response.content_type = "application/json"

@@ -226,27 +226,21 @@ async def forget_credential(conn: asyncpg.Connection, actor: Actor, *,
 
 async def open_export(pool: asyncpg.Pool, project_id: str, *, credential_id: str,
                       kms: LocalKms, settings: Settings) -> AsyncIterator[bytes]:
-    """The origin project's export document in chunks (``live.export``), its first chunk
-    already read, so that what refuses it is raised here: NotFound (no such live credential,
-    or expired), InvalidRequest naming ``token`` (the origin refused it),
-    ServiceUnavailable (the origin could not be read)."""
+    """The origin project's export document in chunks (``live.export``). Raises, from the first
+    chunk on (``web.streaming.stream_body`` reads it before the status line, so these are
+    answered in the envelope): NotFound (no such live credential, or expired), InvalidRequest
+    naming ``token`` (the origin refused it), ServiceUnavailable (the origin could not be
+    read)."""
     row = await pool.fetchrow(repository.CREDENTIAL, credential_id, project_id)
     if row is None:
         raise NotFound("No live-import credential with that id in this project (they last "
                        "24 hours).")
     token = kms.open(row["token_sealed"], _aad(credential_id, project_id)).decode()
-    chunks = live.export(settings.descope_api_url, row["source_project_id"], token)
     try:
-        first = await anext(chunks)
+        async for chunk in live.export(settings.descope_api_url, row["source_project_id"], token):
+            yield chunk
     except live.OriginError as err:
-        await chunks.aclose()
         if err.refused:
             raise InvalidRequest.field("token", f"{err}: store a valid management key") from None
         raise ServiceUnavailable(f"{err}; retry shortly.", details={"retry_after": 5},
                                  headers={"Retry-After": "5"}) from None
-
-    async def rest() -> AsyncIterator[bytes]:
-        yield first
-        async for chunk in chunks:
-            yield chunk
-    return rest()
