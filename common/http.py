@@ -361,10 +361,34 @@ def deny_only_under(prefix: str) -> None:
         _DENY_ONLY_PREFIXES.append(prefix)
 
 
+ErrorRenderer = Callable[[ServiceError, str], web.Response]
+"""Writes a complete error response for an error and a request id (status, ``X-Request-Id``,
+the error's own headers, a body of its own shape)."""
+_RENDERERS: dict[str, ErrorRenderer] = {}
+
+
+def render_errors_under(prefix: str, render: ErrorRenderer) -> None:
+    """Answer every refusal of a path under ``prefix`` (``prefix`` itself or ``prefix/...``) by
+    ``render`` instead of the envelope: every error this middleware answers there, an unknown
+    route's 404 and a 405 among them. For protocols whose clients expect their own error
+    bodies (SCIM's, RFC 7644 3.12); the route table's ``ErrorBody`` documents it."""
+    _RENDERERS[prefix.rstrip("/")] = render
+
+
+def _renderer(path: str) -> ErrorRenderer | None:
+    for prefix, render in _RENDERERS.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return render
+    return None
+
+
 def _refusal(request: web.Request, err: ServiceError, rid: str) -> web.Response:
     if err.status not in (401, 403) and _DENY_ONLY_PREFIXES and request.path.startswith(
             tuple(_DENY_ONLY_PREFIXES)):
         err = Forbidden(err.message, details={"reason": err.code})
+    render = _renderer(request.path) if _RENDERERS else None
+    if render is not None:
+        return render(err, rid)
     return error_response(err, rid)
 
 
@@ -452,7 +476,9 @@ class _EnvelopeRequestHandler(web_protocol.RequestHandler):
             err = InternalError()
             log.error("error outside the middleware (aiohttp status %s)", status,
                       exc_info=exc, extra={"request_id": rid})
-        response = error_response(err, rid)
+        # A request the parser refused has no path of its own (aiohttp's placeholder is "/").
+        render = _renderer(request.path) if _RENDERERS else None
+        response = render(err, rid) if render is not None else error_response(err, rid)
         response.force_close()
         return response
 

@@ -42,10 +42,11 @@ from common.errors import (
     NoSession,
     PayloadTooLarge,
     ProjectNotFound,
+    ScimUnauthorized,
     ServiceError,
 )
 from common.ids import PATH_IDS, id_pattern
-from common.routing import Operation, Reply, RequestHeader
+from common.routing import ErrorBody, Operation, Reply, RequestHeader
 
 __all__ = ["OPENAPI_VERSION", "build_document", "document_json"]
 
@@ -164,6 +165,13 @@ _SECURITY_SCHEMES: Final[dict[str, dict[str, Any]]] = {
         "name": "x-service-bootstrap-token",
         "description": "The deployment's bootstrap token (`SERVICE_BOOTSTRAP_TOKEN`).",
     },
+    "scimToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An organization's SCIM token (`scim_...`, from `POST /v1/organizations/"
+                       "{org_id}/scim-token`) as `Authorization: Bearer <token>`: what a "
+                       "directory (Microsoft Entra ID, Okta) is configured with.",
+    },
 }
 
 _PROJECT_TEXT: Final = ("The project is named by the `project_id` query parameter, else the "
@@ -188,6 +196,9 @@ def build_document(
     an object, or two different schemas under one component name.
     """
     schemas, components = _schemas(operations)
+    for op in operations:
+        if op.error_body is not None:
+            _add_component(components, op.error_body.name, copy.deepcopy(dict(op.error_body.schema)))
     paths: dict[str, dict[str, Any]] = {}
     shapes: dict[str, str] = {}
     for op in operations:
@@ -469,6 +480,8 @@ def _security(op: Operation) -> list[dict[str, list[str]]]:
             out += [{"apiKey": [scope]} for scope in op.scopes] or [{"apiKey": []}]
         elif way == "session":
             out += [{"session": []}, {"sessionCookie": []}]
+        elif way == "scim_token":
+            out.append({"scimToken": []})
         else:
             out.append({"bootstrapToken": []})
     return out
@@ -485,6 +498,8 @@ def _security_text(op: Operation) -> str:
         elif way == "session":
             ways.append("a session's access token (`Authorization: Bearer` or the "
                         "`service_session` cookie)")
+        elif way == "scim_token":
+            ways.append("the organization's SCIM token (`Authorization: Bearer scim_...`)")
         else:
             ways.append("the bootstrap token (`x-service-bootstrap-token`)")
     return f"Authentication: {' or '.join(ways)}." if ways else ""
@@ -510,6 +525,8 @@ def _errors_of(op: Operation) -> list[type[ServiceError]]:
             errors.append(Forbidden)  # a cross-origin request carrying the cookie
     if "bootstrap_token" in op.security:
         errors += [MissingBootstrapToken, BootstrapDisabled]
+    if "scim_token" in op.security:
+        errors.append(ScimUnauthorized)
     if op.project:
         errors.append(ProjectNotFound)
     errors += [InternalError, DbUnavailable]
@@ -548,7 +565,7 @@ def _responses(
     for err in _errors_of(op):
         by_status.setdefault(err.status, {}).setdefault(err.code, err)
     for code_status, codes in sorted(by_status.items()):
-        error = _error_response(code_status, [codes[c] for c in sorted(codes)])
+        error = _error_response(code_status, [codes[c] for c in sorted(codes)], op.error_body)
         answered = responses.get(str(code_status))
         if answered is not None:  # a body of the route's own (an OAuth error), or the envelope
             ours = answered.get("content", {}).get("application/json")
@@ -590,12 +607,22 @@ def _body_schema(
     return inline
 
 
-def _error_response(status: int, errors: Sequence[type[ServiceError]]) -> dict[str, Any]:
-    """One error status: the ``Error`` body with ``error.code`` narrowed to ``errors``' codes."""
+def _error_response(status: int, errors: Sequence[type[ServiceError]],
+                    body: ErrorBody | None = None) -> dict[str, Any]:
+    """One error status: the ``Error`` body with ``error.code`` narrowed to ``errors``' codes;
+    or, for a route whose errors have a ``body`` of their own, that body (the codes then name
+    the cases in the description only: they are not on the wire)."""
     lines = "\n".join(f"- `{err.code}`: {err.default_message}" for err in errors)
     retrying = [f"`{err.code}`" for err in errors if err.retry_after is not None]
     headers = {"Retry-After": f"Seconds to wait before retrying (with {', '.join(retrying)})."
                } if retrying else {}
+    if body is not None:
+        return {
+            "description": f"{HTTPStatus(status).phrase}, as {body.description or body.name}. "
+                           f"Cases:\n\n{lines}",
+            "headers": _headers(headers),
+            "content": {body.content_type: {"schema": {"$ref": SCHEMA_REF.format(model=body.name)}}},
+        }
     return {
         "description": f"{HTTPStatus(status).phrase}. Error codes:\n\n{lines}",
         "headers": _headers(headers),

@@ -21,14 +21,15 @@ from aiohttp import web
 
 from common.errors import ServiceError
 
-__all__ = ["Handler", "Operation", "Reply", "RouteTable", "Security"]
+__all__ = ["ErrorBody", "Handler", "Operation", "Reply", "RouteTable", "Security"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-Security = Literal["api_key", "session", "bootstrap_token"]
+Security = Literal["api_key", "session", "bootstrap_token", "scim_token"]
 """How a caller proves who it is: an ``sk_live_``/``sk_test_`` API key (``Authorization:
 Bearer``), a session's access token (``Authorization: Bearer`` or the ``service_session``
-cookie), or the deployment's bootstrap token (``x-service-bootstrap-token``)."""
+cookie), the deployment's bootstrap token (``x-service-bootstrap-token``), or an
+organization's SCIM token (``Authorization: Bearer scim_...``)."""
 
 METHODS: Final = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 
@@ -51,6 +52,19 @@ class Reply:
     content_type: str | None = "application/json"
     headers: Mapping[str, str] = field(default_factory=dict)
     envelope: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorBody:
+    """How a route's errors are written when not in the envelope (the SCIM routes answer RFC
+    7644's error shape): the ``content_type``, and the JSON Schema of the body as the OpenAPI
+    component ``name``. The middleware writes them (``common.http.render_errors_under``); this
+    says so in the document."""
+
+    name: str
+    content_type: str
+    schema: Mapping[str, Any]
+    description: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +93,7 @@ class Operation:
       beyond those every route shares (the builder adds authentication, validation and outage
       errors from the other fields).
     * ``allow_head``: a GET route also answers HEAD (aiohttp's default; exports turn it off).
+    * ``error_body``: the shape of its errors when not the envelope (None: the envelope).
     """
 
     method: str
@@ -97,6 +112,7 @@ class Operation:
     replies: tuple[Reply, ...] = ()
     errors: tuple[type[ServiceError], ...] = ()
     allow_head: bool = True
+    error_body: ErrorBody | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

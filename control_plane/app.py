@@ -64,6 +64,7 @@ from control_plane.recovery import endpoints as recovery
 from control_plane.risk import endpoints as risk
 from control_plane.risk import tasks as risk_tasks
 from control_plane.risk.service import RiskEngine
+from control_plane.scim import endpoints as scim
 from control_plane.sessions import endpoints as sessions
 from control_plane.sessions import tasks as session_tasks
 from control_plane.sessions.tokens import TokenService
@@ -89,7 +90,7 @@ ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.route
                  sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
                  risk.routes, signing_keys.routes,
                  audit.routes, webhooks.routes, compliance.routes, imports.routes,
-                 recovery.routes)
+                 recovery.routes, scim.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
     session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,

@@ -102,6 +102,21 @@ async def write_tuples(pool: asyncpg.Pool, actor: Actor, *, store_id: str, body:
     return outcome, False  # this request's own write, read back
 
 
+async def write_tuples_in(conn: asyncpg.Connection, actor: Actor, *, store_id: str,
+                          body: WriteBody) -> Written:
+    """Apply ``body`` in the caller's transaction (a savepoint of it), as ``write_tuples`` does
+    (the store's next revision, the change log the engines follow, ``authz.tuples.written``):
+    for a rule whose own change and the tuples it implies must commit together (SCIM groups).
+    The store's row stays locked until the caller commits. Raises InvalidRequest (a repeated
+    tuple), StoreNotFound."""
+    body.check_unique()
+    assert actor.project_id is not None
+    if not is_id(store_id, "store"):
+        raise StoreNotFound()
+    outcome, _ = await _Write(actor, store_id, body, None).run(conn)
+    return outcome
+
+
 async def _settle(pool: asyncpg.Pool, write: _Write) -> tuple[Written, bool]:
     """Run ``write`` again under its key until PostgreSQL answers, for ``SETTLE_SECONDS``."""
     loop = asyncio.get_running_loop()

@@ -65,7 +65,7 @@ async def find_user(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, us
 
 async def create_user(
     conn: asyncpg.Connection, actor: Actor, *, body: CreateUser, kms: LocalKms, settings: Settings,
-    outbox: asyncio.Event,
+    outbox: asyncio.Event, project_name: str | None = None,
 ) -> CreatedUser:
     """Create the user unless one with that email exists in the actor's project; ``created``
     says whether this call did; ``outbox`` (this process's outbox worker's wake-up) is set once
@@ -77,7 +77,8 @@ async def create_user(
     project_id = actor.project_id
     assert project_id is not None
     for _ in range(3):  # a concurrent creation won (look again), or deleted it meanwhile
-        project_name, existing = await repository.project_and_user(conn, project_id, body.email)
+        found_name, existing = await repository.project_and_user(conn, project_id, body.email)
+        project_name = project_name or found_name  # a caller may name the project itself
         if existing is not None:
             return CreatedUser.of(existing, created=False)
         user_id = new_id("user")

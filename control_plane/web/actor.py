@@ -23,7 +23,7 @@ from common.http import json_response
 from common.settings import Settings
 from control_plane.web.cookies import set_session_cookie
 
-ActorType = Literal["api_key", "user", "operator", "system", "anonymous"]
+ActorType = Literal["api_key", "user", "operator", "system", "anonymous", "scim"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,8 +32,10 @@ class Actor:
 
     * ``type``: ``api_key`` (a caller with a key), ``user`` (a person signing in or acting on
       their session), ``operator`` (the bootstrap token), ``system`` (a worker), ``anonymous``
-      (a public endpoint before anyone is known).
-    * ``id``: the key id, user id, ``bootstrap_token`` or the worker's name; None when unknown.
+      (a public endpoint before anyone is known), ``scim`` (an organization's directory through
+      its SCIM token).
+    * ``id``: the key id, user id, ``bootstrap_token``, the worker's name or the SCIM token's id
+      (``sct_``); None when unknown.
     * ``project_id``: the project acted in; None before one exists (bootstrap) or for a worker
       acting across projects.
     * ``api_key``: the calling key with its scopes and prefix (type ``api_key`` only).

@@ -37,7 +37,7 @@ from aiohttp import web
 
 from common.errors import InvalidRequest, ServiceError
 from common.ids import PATH_IDS
-from common.routing import Operation, Reply, RequestHeader, RouteTable, summary_of
+from common.routing import ErrorBody, Operation, Reply, RequestHeader, RouteTable, summary_of
 from common.schemas import parse_body, parse_path_param, parse_query
 from control_plane.web.auth import Auth
 
@@ -65,13 +65,15 @@ def endpoint(
     routes: RouteTable, method: str, path: str, *, auth: Auth, replies: Iterable[Reply],
     errors: Iterable[type[ServiceError]] = (), json_only: bool = False,
     headers: Mapping[str, str | RequestHeader] | None = None, allow_head: bool = True,
-    body: type[Any] | None = None,
+    body: type[Any] | None = None, error_body: ErrorBody | None = None,
 ) -> Callable[[TypedHandler], TypedHandler]:
     """Register a typed handler ``(call, [query], [body])`` as ``method path`` in ``routes``.
 
     ``body`` documents a JSON body the handler reads itself (when it must decide what to do
     before parsing it); otherwise the handler's own ``body`` parameter both parses and documents
-    it. ``headers`` documents request headers the handler reads. Returns the handler unchanged.
+    it. ``headers`` documents request headers the handler reads. ``error_body`` documents errors
+    written in a shape of their own (``common.http.render_errors_under``). Returns the handler
+    unchanged.
     """
     replies = tuple(replies)
     path_params = [name for name, _ in _PATH_PARAM_RE.findall(path)]
@@ -109,7 +111,7 @@ def endpoint(
             tag=routes.tag, summary=summary, description=description, security=auth.security,
             scopes=auth.scopes, project=auth.names_project, body=body_model or body,
             query=query_model, headers=dict(headers or {}), replies=replies,
-            errors=tuple(errors), allow_head=allow_head,
+            errors=tuple(errors), allow_head=allow_head, error_body=error_body,
         ))
         return handler
 

@@ -1,0 +1,193 @@
+"""SCIM SQL (migration 0018): ``scim_tokens``, ``scim_users``, ``scim_groups`` and
+``scim_group_members``, and the organization's SCIM view of its members (``memberships`` with
+their ``users`` and what the directory said of them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import asyncpg
+
+from common.db import Params
+
+USER_NAME_INDEX: Final = "scim_users_user_name"
+DISPLAY_NAME_INDEX: Final = "scim_groups_display_name"
+
+# --- tokens ------------------------------------------------------------------------------------
+
+
+async def put_token(conn: asyncpg.Connection, *, token_id: str, org_id: str, project_id: str,
+                    token_hash: bytes, sealed: bytes, store_id: str | None,
+                    keep_store: bool) -> str | None:
+    """The organization's token, replacing the one it had (which then finds nothing); the store
+    is ``store_id``, or the one it had with ``keep_store``. Returns the store."""
+    store: str | None = await conn.fetchval(
+        """INSERT INTO scim_tokens (organization_id, id, project_id, token_hash, token_sealed,
+                                    store_id)
+           VALUES ($1, $2, $3, $4, $5, $6)
+           ON CONFLICT (organization_id) DO UPDATE
+           SET id = EXCLUDED.id, token_hash = EXCLUDED.token_hash,
+               token_sealed = EXCLUDED.token_sealed, created_at = now(),
+               store_id = CASE WHEN $7 THEN scim_tokens.store_id ELSE EXCLUDED.store_id END
+           RETURNING store_id""",
+        org_id, token_id, project_id, token_hash, sealed, store_id, keep_store)
+    return store
+
+
+async def caller(conn: asyncpg.Connection | asyncpg.Pool, token_hash: bytes) -> asyncpg.Record | None:
+    """``id``, ``organization_id``, ``project_id``, ``store_id`` of the token with that hash,
+    and ``project_name``."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        """SELECT t.id, t.organization_id, t.project_id, t.store_id, p.name AS project_name
+           FROM scim_tokens t JOIN projects p ON p.id = t.project_id
+           WHERE t.token_hash = $1""", token_hash)
+    return row
+
+
+# --- users -------------------------------------------------------------------------------------
+
+USER_FROM: Final = """memberships m JOIN users u ON u.id = m.user_id
+LEFT JOIN scim_users s ON s.organization_id = m.organization_id AND s.user_id = m.user_id"""
+USER_DOC: Final = """coalesce(s.resource, jsonb_strip_nulls(jsonb_build_object(
+    'userName', coalesce(u.email, u.phone_number, u.id), 'displayName', nullif(u.name, ''),
+    'emails', CASE WHEN u.email IS NULL THEN NULL
+                   ELSE jsonb_build_array(jsonb_build_object('value', u.email, 'primary', true))
+              END)))"""
+"""A member's SCIM document: what the directory said, or, for a member it never named, one
+made of the user (its e-mail address as ``userName``)."""
+USER_COLUMNS: Final = f"""m.user_id AS id, m.id AS membership_id, m.status, m.created_at,
+greatest(m.updated_at, u.updated_at, s.updated_at) AS updated_at, u.email, u.name,
+s.user_id IS NOT NULL AS synced, {USER_DOC} AS doc"""
+
+
+async def find_user(conn: asyncpg.Connection | asyncpg.Pool, org_id: str, user_id: str, *,
+                    lock: bool = False) -> asyncpg.Record | None:
+    """The member's row of the view (``USER_COLUMNS``); its membership locked with ``lock``."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"""SELECT {USER_COLUMNS} FROM {USER_FROM}
+            WHERE m.organization_id = $1 AND m.user_id = $2"""
+        + (" FOR UPDATE OF m" if lock else ""), org_id, user_id)
+    return row
+
+
+async def list_rows(conn: asyncpg.Pool, *, columns: str, table: str, where: str, params: Params,
+                    order: str, offset: int, limit: int) -> tuple[int, list[asyncpg.Record]]:
+    """The number of rows of ``table`` matching ``where`` and a page of them (``columns``), in
+    ``order``, from ``offset``."""
+    total: int = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE {where}", *params.values)
+    if limit == 0 or offset >= total:
+        return total, []
+    rows: list[asyncpg.Record] = await conn.fetch(
+        f"""SELECT {columns} FROM {table} WHERE {where} ORDER BY {order}
+            OFFSET {int(offset)} LIMIT {int(limit)}""", *params.values)
+    return total, rows
+
+
+async def put_user(conn: asyncpg.Connection, *, org_id: str, user_id: str, user_name: str,
+                   external_id: str | None, resource: dict[str, Any]) -> None:
+    """Keep what the directory said of the member. Raises asyncpg.UniqueViolationError
+    (``USER_NAME_INDEX``) for a ``userName`` another member has."""
+    await conn.execute(
+        """INSERT INTO scim_users (organization_id, user_id, user_name, external_id, resource)
+           VALUES ($1, $2, $3, $4, $5)
+           ON CONFLICT (organization_id, user_id) DO UPDATE
+           SET user_name = EXCLUDED.user_name, external_id = EXCLUDED.external_id,
+               resource = EXCLUDED.resource, updated_at = now()""",
+        org_id, user_id, user_name, external_id, resource)
+
+
+async def groups_of(conn: asyncpg.Connection, org_id: str, user_id: str) -> list[str]:
+    """The ids of the organization's groups the member is in."""
+    return [r["group_id"] for r in await conn.fetch(
+        """SELECT group_id FROM scim_group_members WHERE organization_id = $1 AND user_id = $2
+           ORDER BY group_id""", org_id, user_id)]
+
+
+# --- groups ------------------------------------------------------------------------------------
+
+GROUP_DOC: Final = """jsonb_strip_nulls(jsonb_build_object(
+    'displayName', g.display_name, 'externalId', g.external_id))"""
+GROUP_MEMBERS: Final = """(SELECT jsonb_build_object('value', gm.user_id, 'type', 'User') AS v
+    FROM scim_group_members gm WHERE gm.group_id = g.id) AS e"""
+"""The members of the group ``g`` as the rows of a filter's ``EXISTS``."""
+GROUP_COLUMNS: Final = "g.id, g.display_name, g.external_id, g.created_at, g.updated_at"
+_MEMBERS: Final = """(SELECT coalesce(jsonb_agg(jsonb_build_object(
+        'value', gm.user_id, 'type', 'User',
+        'display', coalesce(s.resource ->> 'displayName', nullif(u.name, ''), u.email))
+        ORDER BY gm.user_id), '[]'::jsonb)
+    FROM scim_group_members gm JOIN users u ON u.id = gm.user_id
+    LEFT JOIN scim_users s ON s.organization_id = gm.organization_id AND s.user_id = gm.user_id
+    WHERE gm.group_id = g.id) AS members"""
+
+
+def group_columns(*, members: bool) -> str:
+    """``GROUP_COLUMNS``, and the members (``value``, ``type``, ``display``) unless not wanted."""
+    return GROUP_COLUMNS + (", " + _MEMBERS if members else ", NULL::jsonb AS members")
+
+
+async def find_group(conn: asyncpg.Connection | asyncpg.Pool, org_id: str, group_id: str, *,
+                     lock: bool = False, members: bool = True) -> asyncpg.Record | None:
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"""SELECT {group_columns(members=members)} FROM scim_groups g
+            WHERE g.id = $1 AND g.organization_id = $2"""
+        + (" FOR UPDATE OF g" if lock else ""), group_id, org_id)
+    return row
+
+
+async def insert_group(conn: asyncpg.Connection, *, group_id: str, project_id: str, org_id: str,
+                       display_name: str, external_id: str | None) -> None:
+    """Raises asyncpg.UniqueViolationError (``DISPLAY_NAME_INDEX``)."""
+    await conn.execute(
+        """INSERT INTO scim_groups (id, project_id, organization_id, display_name, external_id)
+           VALUES ($1, $2, $3, $4, $5)""",
+        group_id, project_id, org_id, display_name, external_id)
+
+
+async def update_group(conn: asyncpg.Connection, group_id: str, *, display_name: str,
+                       external_id: str | None) -> None:
+    """Raises asyncpg.UniqueViolationError (``DISPLAY_NAME_INDEX``)."""
+    await conn.execute(
+        """UPDATE scim_groups SET display_name = $2, external_id = $3, updated_at = now()
+           WHERE id = $1""", group_id, display_name, external_id)
+
+
+async def touch_group(conn: asyncpg.Connection, group_id: str) -> None:
+    await conn.execute("UPDATE scim_groups SET updated_at = now() WHERE id = $1", group_id)
+
+
+async def delete_group(conn: asyncpg.Connection, group_id: str) -> None:
+    """Delete the group (its members' rows cascade)."""
+    await conn.execute("DELETE FROM scim_groups WHERE id = $1", group_id)
+
+
+async def members_of(conn: asyncpg.Connection, group_id: str) -> list[str]:
+    return [r["user_id"] for r in await conn.fetch(
+        "SELECT user_id FROM scim_group_members WHERE group_id = $1 ORDER BY user_id", group_id)]
+
+
+async def add_members(conn: asyncpg.Connection, group_id: str, org_id: str,
+                      user_ids: Sequence[str]) -> None:
+    if user_ids:
+        await conn.execute(
+            """INSERT INTO scim_group_members (group_id, organization_id, user_id)
+               SELECT $1, $2, u FROM unnest($3::text[]) AS u ON CONFLICT DO NOTHING""",
+            group_id, org_id, list(user_ids))
+
+
+async def remove_members(conn: asyncpg.Connection, group_id: str, user_ids: Sequence[str]) -> None:
+    if user_ids:
+        await conn.execute(
+            "DELETE FROM scim_group_members WHERE group_id = $1 AND user_id = ANY($2::text[])",
+            group_id, list(user_ids))
+
+
+async def member_statuses(conn: asyncpg.Connection, org_id: str,
+                          user_ids: Sequence[str]) -> dict[str, str]:
+    """The membership status of each of ``user_ids`` that is a member of the organization, its
+    membership share-locked (it cannot be removed under us)."""
+    rows = await conn.fetch(
+        """SELECT user_id, status FROM memberships
+           WHERE organization_id = $1 AND user_id = ANY($2::text[]) FOR KEY SHARE""",
+        org_id, list(user_ids))
+    return {r["user_id"]: r["status"] for r in rows}

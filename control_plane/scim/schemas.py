@@ -1,0 +1,282 @@
+"""SCIM bodies: the token minted for an organization, the listing's query, and what the OpenAPI
+document says of the SCIM resources and messages.
+
+The SCIM resources themselves are scim2-models' (``User`` with the enterprise extension,
+``Group``, ``PatchOp``, ``ListResponse``, ``Error``, the discovery resources): a request is read
+through them under :data:`POLICY`, which takes what Microsoft Entra ID and Okta send
+(capitalised ``op`` values, ``"True"``/``"False"`` for booleans, a member removed by a ``value``
+filter or by a remove's ``value``, Okta's path-less ``{"op": "replace", "value": {"active":
+false}}``) and drops attributes no schema declares. The JSON Schemas below document them for
+the OpenAPI document; the library, not these, reads a request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Final
+
+from pydantic import AfterValidator, Field, WithJsonSchema
+from scim2_models import EnterpriseUser, Group, ScimPolicy, User
+
+from common.ids import id_pattern, is_id
+from common.openapi import NO_NUL_PATTERN
+from common.routing import ErrorBody
+from common.schemas import QueryModel, RequestModel
+
+SCIM_JSON: Final = "application/scim+json"
+ERROR_URN: Final = "urn:ietf:params:scim:api:messages:2.0:Error"
+LIST_URN: Final = "urn:ietf:params:scim:api:messages:2.0:ListResponse"
+PATCH_URN: Final = "urn:ietf:params:scim:api:messages:2.0:PatchOp"
+USER_URN: Final = str(User.__schema__)
+ENTERPRISE_URN: Final = str(EnterpriseUser.__schema__)
+GROUP_URN: Final = str(Group.__schema__)
+MAX_COUNT: Final = 1000
+"""The most resources one page of a listing holds (``filter.maxResults``)."""
+MAX_TEXT: Final = 1024
+"""The longest ``userName``, ``externalId`` or group ``displayName`` (they are indexed)."""
+
+UserResource = User[EnterpriseUser]
+"""A SCIM User as this service reads and writes it: the core schema and the enterprise
+extension (Entra and Okta send its attributes)."""
+
+POLICY: Final = ScimPolicy(
+    unknown=ScimPolicy.Unknown.ignore,
+    remove_value_as_filter=ScimPolicy.RemoveValue.apply,
+    unmatched_path_filter=ScimPolicy.UnmatchedPathFilter.create,
+)
+"""What the service tolerates: unknown attributes are dropped (RFC 7643 3.3 lets a service
+provider ignore what it does not support); a remove's ``value`` selects the values to remove, as
+Entra sends it; an ``add`` or ``replace`` whose path filter matches nothing (``emails[type eq
+"work"].value`` on a user without a work address) creates the value, as Entra expects."""
+
+
+# --- the token ---------------------------------------------------------------------------------
+
+
+def _store_id(value: str | None) -> str | None:
+    if value is not None and not is_id(value, "store"):
+        raise ValueError("must be a store id (store_...)")
+    return value
+
+
+class MintBody(RequestModel):
+    """``POST /v1/organizations/{org_id}/scim-token``: optionally, the store whose tuples the
+    organization's directory groups write (``group:<grp_ id>#member@user:<user_ id>``); null
+    for none. Left out, the organization keeps the store it had."""
+
+    store_id: Annotated[str | None, AfterValidator(_store_id), WithJsonSchema({
+        "anyOf": [{"type": "string", "pattern": id_pattern("store")}, {"type": "null"}],
+        "description": "A store of the project, or null for none."})] = None
+
+
+@dataclass(frozen=True, slots=True)
+class MintedToken:
+    """A new SCIM token, shown this once; it replaced the organization's previous token. A
+    directory (Microsoft Entra ID's "Tenant URL" and "Secret Token", Okta's "SCIM connector base
+    URL" and "Bearer token") is configured with ``base_url`` and ``token``."""
+
+    token: str
+    base_url: str
+    store_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScimCaller:
+    """Whom a SCIM token speaks for: its id (``sct_``, the audit log's actor), the organization
+    and its project (and the project's name, which enrollment messages carry), and the store
+    the organization's groups write to (or None)."""
+
+    token_id: str
+    organization_id: str
+    project_id: str
+    project_name: str
+    store_id: str | None
+
+
+# --- the listing -------------------------------------------------------------------------------
+
+_PARAM_TEXT: Final = {"type": "string", "pattern": NO_NUL_PATTERN, "maxLength": 4096}
+
+
+class ListQuery(QueryModel):
+    """RFC 7644 3.4.2: ``filter``, 1-based ``startIndex`` and ``count`` (values below 1 count as
+    1 and 0, RFC 7644 3.4.2.4; ``count`` at most 1,000), ``attributes`` and
+    ``excludedAttributes``. ``sortBy`` and ``sortOrder`` are accepted and ignored: sorting is not
+    offered (``ServiceProviderConfig``), and a listing is in creation order."""
+
+    filter: Annotated[str | None, WithJsonSchema({
+        **_PARAM_TEXT, "description": "A SCIM filter (RFC 7644 3.4.2.2), such as "
+                                      "`userName eq \"bjensen\"`."})] = None
+    start_index: Annotated[str | None, Field(alias="startIndex"), WithJsonSchema({
+        "type": "string", "pattern": "^-?[0-9]{1,9}$",
+        "description": "The 1-based index of the first result (default 1)."})] = None
+    count: Annotated[str | None, WithJsonSchema({
+        "type": "string", "pattern": "^-?[0-9]{1,9}$",
+        "description": f"How many results at most (default and maximum {MAX_COUNT:,})."})] = None
+    attributes: Annotated[str | None, WithJsonSchema({
+        **_PARAM_TEXT, "description": "Comma-separated attributes to return (and `id`)."})] = None
+    excluded_attributes: Annotated[str | None, Field(alias="excludedAttributes"), WithJsonSchema({
+        **_PARAM_TEXT, "description": "Comma-separated attributes not to return."})] = None
+    sort_by: Annotated[str | None, Field(alias="sortBy"), WithJsonSchema({
+        **_PARAM_TEXT, "description": "Accepted and ignored: sorting is not offered."})] = None
+    sort_order: Annotated[str | None, Field(alias="sortOrder"), WithJsonSchema({
+        **_PARAM_TEXT, "description": "Accepted and ignored: sorting is not offered."})] = None
+
+
+class ResourceQuery(QueryModel):
+    """RFC 7644 3.4.1: ``attributes`` and ``excludedAttributes`` of one resource's answer."""
+
+    attributes: Annotated[str | None, WithJsonSchema({
+        **_PARAM_TEXT, "description": "Comma-separated attributes to return (and `id`)."})] = None
+    excluded_attributes: Annotated[str | None, Field(alias="excludedAttributes"), WithJsonSchema({
+        **_PARAM_TEXT, "description": "Comma-separated attributes not to return."})] = None
+
+
+# --- the document ------------------------------------------------------------------------------
+
+
+def _text(max_length: int = MAX_TEXT, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "pattern": NO_NUL_PATTERN, "maxLength": max_length, **extra}
+
+
+_SCIM_BOOL: Final = {"anyOf": [{"type": "boolean"}, {"enum": ["True", "False", "true", "false"]}],
+                     "description": "A boolean; the strings `\"True\"` and `\"False\"` too "
+                                    "(as Microsoft Entra ID sends them)."}
+_EMAIL: Final = {"type": "object", "properties": {
+    "value": {"type": "string", "format": "email", "maxLength": 320},
+    "type": _text(64), "primary": _SCIM_BOOL, "display": _text()},
+    "required": ["value"]}
+_META: Final = {"type": "object", "description": "RFC 7643 3.1 `meta`.", "properties": {
+    "resourceType": {"type": "string"}, "created": {"type": "string", "format": "date-time"},
+    "lastModified": {"type": "string", "format": "date-time"}, "location": {"type": "string"},
+    "version": {"type": "string"}}}
+
+USER_BODY: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "ScimUserRequest",
+    "description": "A SCIM User (RFC 7643 4.1, with the enterprise extension of 4.3) as a "
+                   "directory sends it: `userName` and at least one of `emails` (the primary "
+                   "address, else the first, is the user's e-mail address: users are unique on "
+                   "it). Other attributes of the schemas are kept and shown back; attributes no "
+                   "schema declares are ignored. `id` and `meta` are the service's.",
+    "properties": {
+        "schemas": {"type": "array", "items": {"enum": [USER_URN, ENTERPRISE_URN]},
+                    "contains": {"const": USER_URN}},
+        "userName": _text(minLength=1),
+        "externalId": _text(),
+        "displayName": _text(200),
+        "active": _SCIM_BOOL,
+        "emails": {"type": "array", "items": _EMAIL, "minItems": 1, "maxItems": 20},
+        "name": {"type": "object", "properties": {
+            name: _text(200) for name in ("formatted", "familyName", "givenName", "middleName",
+                                          "honorificPrefix", "honorificSuffix")}},
+    },
+    "required": ["userName", "emails"],
+}
+
+GROUP_BODY: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "ScimGroupRequest",
+    "description": "A SCIM Group (RFC 7643 4.2): `displayName` (unique in the organization) and "
+                   "its `members`, each a User of the organization by its `value` (the `user_` "
+                   "id).",
+    "properties": {
+        "schemas": {"type": "array", "items": {"const": GROUP_URN}, "minItems": 1},
+        "displayName": _text(minLength=1),
+        "externalId": _text(),
+        "members": {"type": "array", "maxItems": 1000, "items": {
+            "type": "object", "properties": {"value": {"type": "string",
+                                                       "pattern": id_pattern("user")},
+                                             "display": _text()},
+            "required": ["value"]}},
+    },
+    "required": ["displayName"],
+}
+
+PATCH_BODY: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "ScimPatchOp",
+    "description": "RFC 7644 3.5.2: `Operations`, each `add`, `replace` or `remove` (any case), "
+                   "with a `path` (RFC 7644's path grammar: an attribute, a sub-attribute or a "
+                   "value filter such as `members[value eq \"user_...\"]`) or, for `add` and "
+                   "`replace`, a `value` object of attributes.",
+    "properties": {
+        "schemas": {"type": "array", "items": {"const": PATCH_URN}, "minItems": 1},
+        "Operations": {"type": "array", "minItems": 1, "maxItems": 1000, "items": {
+            "type": "object",
+            "properties": {
+                "op": {"type": "string", "pattern": "^(?i:add|replace|remove)$"},
+                "path": _text(),
+                "value": {},
+            },
+            "required": ["op"]}},
+    },
+    "required": ["Operations"],
+}
+
+_RESOURCE: Final[dict[str, Any]] = {
+    "type": "object",
+    "properties": {"schemas": {"type": "array", "items": {"type": "string"}},
+                   "id": {"type": "string"}, "meta": _META},
+    "required": ["schemas", "id"],
+}
+USER_REPLY: Final[dict[str, Any]] = {
+    **_RESOURCE, "title": "ScimUser",
+    "description": "A SCIM User: `id` is the user's `user_` id, `active` whether its membership "
+                   "of the organization is active."}
+GROUP_REPLY: Final[dict[str, Any]] = {
+    **_RESOURCE, "title": "ScimGroup",
+    "description": "A SCIM Group (`grp_` id) and its members."}
+LIST_REPLY: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "ScimListResponse",
+    "description": "RFC 7644 3.4.2: a page of resources.",
+    "properties": {"schemas": {"type": "array", "items": {"const": LIST_URN}},
+                   "totalResults": {"type": "integer", "minimum": 0},
+                   "startIndex": {"type": "integer", "minimum": 1},
+                   "itemsPerPage": {"type": "integer", "minimum": 0},
+                   "Resources": {"type": "array", "items": {"type": "object"}}},
+    "required": ["schemas", "totalResults"],
+}
+DISCOVERY_REPLY: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "ScimDiscovery",
+    "description": "An RFC 7643 discovery resource (5, 6, 7) or a list of them.",
+    "properties": {"schemas": {"type": "array", "items": {"type": "string"}}},
+    "required": ["schemas"],
+}
+
+ERROR_BODY: Final = ErrorBody(
+    name="ScimError",
+    content_type=SCIM_JSON,
+    description="RFC 7644 3.12's error (`status`, `scimType` when one applies, `detail`)",
+    schema={
+        "type": "object",
+        "title": "ScimError",
+        "description": "An RFC 7644 3.12 error: every refusal under /scim/v2, in place of the "
+                       "service's envelope (the `X-Request-Id` header stays).",
+        "properties": {
+            "schemas": {"type": "array", "items": {"const": ERROR_URN}},
+            "status": {"type": "string", "pattern": "^[1-5][0-9]{2}$"},
+            "scimType": {"type": "string", "enum": [
+                "invalidFilter", "tooMany", "uniqueness", "mutability", "invalidSyntax",
+                "invalidPath", "noTarget", "invalidValue", "invalidVers", "sensitive"]},
+            "detail": {"type": "string"},
+        },
+        "required": ["schemas", "status"],
+    },
+)
+
+
+def documented(schema: dict[str, Any]) -> Any:
+    """A type whose JSON Schema is ``schema``: what ``endpoint(body=...)`` and ``Reply`` take."""
+    return Annotated[dict[str, Any], WithJsonSchema(schema)]
+
+
+UserBody = documented(USER_BODY)
+GroupBody = documented(GROUP_BODY)
+PatchBody = documented(PATCH_BODY)
+UserReply = documented(USER_REPLY)
+GroupReply = documented(GROUP_REPLY)
+ListReply = documented(LIST_REPLY)
+DiscoveryReply = documented(DISCOVERY_REPLY)
