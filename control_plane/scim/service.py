@@ -518,7 +518,7 @@ async def _change_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
     async with conn.transaction():
         row, shown = await _locked_user(conn, caller, user_id, base, if_match)
         current = UserResource.model_validate(shown, scim_policy=POLICY)
-        wanted = change(current)
+        wanted = change(current.model_copy(deep=True))
         before, after = _stored(current), _stored(wanted)
         fields = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         email = _primary_email(wanted)
@@ -755,7 +755,7 @@ async def _change_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCall
         shown = _group_json(row, base)
         _check_version(shown["meta"]["version"], if_match)
         current = Group.model_validate(shown, scim_policy=POLICY)
-        wanted = change(current)
+        wanted = change(current.model_copy(deep=True))
         name, external_id = _group_names(wanted)
         fields = [f for f, old, new in (("displayName", row["display_name"], name),
                                         ("externalId", row["external_id"], external_id))
