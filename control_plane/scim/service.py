@@ -213,9 +213,27 @@ def _text(name: str, value: str | None, *, required: bool = False) -> str | None
     return value
 
 
+def _removals(payload: Any) -> Any:
+    """``payload`` with the values of each remove that lists them (Entra's ``{"op": "Remove",
+    "path": "members", "value": [{"$ref": null, "value": "..."}]}``) reduced to their ``value``,
+    which identifies them: the other sub-attributes Entra sends along (a null ``$ref``) would
+    select nothing."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("Operations"), list):
+        return payload
+    operations = []
+    for operation in payload["Operations"]:
+        if (isinstance(operation, dict) and str(operation.get("op", "")).lower() == "remove"
+                and isinstance(operation.get("value"), list)):
+            operation = {**operation, "value": [
+                {"value": v["value"]} if isinstance(v, dict) and "value" in v else v
+                for v in operation["value"]]}
+        operations.append(operation)
+    return {**payload, "Operations": operations}
+
+
 def read_patch(model: Any, payload: Mapping[str, Any]) -> Any:
     """The ``PatchOp`` of ``payload`` for ``model``. Raises ScimBadRequest."""
-    return _read(PatchOp[model], _booleans(payload), Context.RESOURCE_PATCH_REQUEST)
+    return _read(PatchOp[model], _removals(_booleans(payload)), Context.RESOURCE_PATCH_REQUEST)
 
 
 def _attributes(query: ListQuery | ResourceQuery, model: Any) -> ResponseParameters[Any] | None:
