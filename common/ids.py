@@ -5,6 +5,7 @@ DESIGN.md "Conventions": ``ten_``, ``proj_``, ``key_``, ``user_``, ``org_``, ``m
 ours for records the spec does not name: ``msg_`` (outbox messages), ``kid_`` (signing key ids),
 ``pk_`` (passkeys), ``dlv_`` (webhook deliveries), ``inc_`` (incidents), ``mw_`` (maintenance
 windows), ``sct_`` (SCIM tokens), ``grp_`` (SCIM groups).
+The admin portal's setup links are ``plk_``.
 ULIDs sort by creation time (millisecond precision), which keyset pagination relies on.
 """
 
@@ -19,6 +20,7 @@ from ulid import ULID
 
 PREFIXES: Final = frozenset(
     {"ten", "proj", "key", "user", "org", "mem", "inv", "sess", "store", "dsr", "evt", "whep",
+     "plk",
      "strm", "rd", "chal", "req", "msg", "kid", "pk", "dlv", "inc", "mw", "devauth", "impc",
      "rcv", "sct", "grp"}
 )

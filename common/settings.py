@@ -218,6 +218,12 @@ class Settings(BaseSettings):
     # Audit streams (DESIGN.md "audit streams"): the most events one batch carries.
     stream_batch_size: Annotated[int, Field(ge=1, le=5000)] = Field(
         500, validation_alias=_env("SERVICE_STREAM_BATCH_SIZE"))
+    # The admin portal (issue 23): how long a portal session lasts once its setup link was
+    # opened, and the DNS servers domain verification asks for TXT records (comma-separated
+    # ``address[:port]``, IP addresses; empty: the system's resolver, /etc/resolv.conf).
+    portal_session_ttl_seconds: Annotated[int, Field(ge=300, le=86_400)] = Field(
+        3600, validation_alias=_env("SERVICE_PORTAL_SESSION_TTL_SECONDS"))
+    dns_resolver: str = Field("", validation_alias=_env("SERVICE_DNS_RESOLVER"))
     housekeeping_interval_seconds: Annotated[float, Field(gt=0)] = Field(
         3600.0, validation_alias=_env("SERVICE_HOUSEKEEPING_INTERVAL_SECONDS")
     )
@@ -390,6 +396,18 @@ class Settings(BaseSettings):
         """``SERVICE_WEBHOOK_RETRY_SCHEDULE`` parsed: the seconds before each retry."""
         return _delays(self.webhook_retry_schedule)
 
+    @field_validator("dns_resolver")
+    @classmethod
+    def _dns_resolver(cls, v: str) -> str:
+        _nameservers(v)
+        return v
+
+    @property
+    def dns_nameservers(self) -> tuple[tuple[str, int], ...]:
+        """``SERVICE_DNS_RESOLVER`` parsed: ``(address, port)`` of each DNS server to ask, or
+        none (the system's resolver)."""
+        return _nameservers(self.dns_resolver)
+
     @field_validator("database_url")
     @classmethod
     def _pg_url(cls, v: str) -> str:
@@ -439,6 +457,31 @@ def _delays(text: str) -> tuple[float, ...]:
     if any(not 0 <= d <= 7 * 86_400 for d in delays) or len(delays) > 50:
         raise ValueError("each delay is 0 to 604800 seconds, at most 50 of them")
     return delays
+
+
+def _nameservers(text: str) -> tuple[tuple[str, int], ...]:
+    """Comma-separated DNS servers, each an IP address with an optional port (``10.0.0.2``,
+    ``127.0.0.1:5353``, ``[::1]:53``; 53 when left out). Raises ValueError."""
+    found = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        host, port = part, "53"
+        if part.startswith("["):
+            host, _, rest = part[1:].partition("]")
+            if rest:
+                if not rest.startswith(":"):
+                    raise ValueError(f"{part!r} is not address[:port]")
+                port = rest[1:]
+        elif part.count(":") == 1:
+            host, port = part.split(":")
+        try:
+            address = str(ipaddress.ip_address(host))
+        except ValueError:
+            raise ValueError(f"{part!r}: a DNS server is an IP address with an optional port, "
+                             "such as 127.0.0.1:5353 or [::1]:53") from None
+        if not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"{part!r}: the port must be 1 to 65535")
+        found.append((address, int(port)))
+    return tuple(found)
 
 
 def _network_list(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:

@@ -38,6 +38,7 @@ from control_plane.appkeys import (
     RISK,
     SEND_LIMITS,
     TOKENS,
+    TXT_RESOLVER,
 )
 from control_plane.audit import endpoints as audit
 from control_plane.audit import tasks as audit_tasks
@@ -60,6 +61,9 @@ from control_plane.oauth.protocol import OAuthClient
 from control_plane.organizations import endpoints as organizations
 from control_plane.passkeys import endpoints as passkeys
 from control_plane.passkeys import tasks as passkey_tasks
+from control_plane.portal import endpoints as portal
+from control_plane.portal import tasks as portal_tasks
+from control_plane.portal.resolver import TxtResolver
 from control_plane.recovery import endpoints as recovery
 from control_plane.risk import endpoints as risk
 from control_plane.risk import tasks as risk_tasks
@@ -90,11 +94,12 @@ ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.route
                  sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
                  risk.routes, signing_keys.routes,
                  audit.routes, webhooks.routes, compliance.routes, imports.routes,
-                 recovery.routes, scim.routes)
+                 recovery.routes, scim.routes, portal.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
     session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,
     risk_tasks.workers, webhook_tasks.workers, compliance_tasks.workers, import_tasks.workers,
+    portal_tasks.workers,
 )
 meta_routes = RouteTable("meta", "This document.")
 
@@ -183,6 +188,7 @@ def setup_control_plane(app: web.Application) -> None:
         app[MAILBOX] = ConsoleSink()
     app[OPENAPI] = openapi_document(dev_mailbox=settings.serves_dev_mailbox)
     board = app[MAINTENANCE_BOARD] = MaintenanceBoard()
+    app[TXT_RESOLVER] = TxtResolver(settings.dns_nameservers)
     app[READINESS_DETAIL]["maintenance"] = lambda: board.detail(app.get(PG_POOL))
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(_workers)

@@ -15,6 +15,7 @@ from control_plane.kms import LocalKms
 from control_plane.magic_links.service import SendLimits
 from control_plane.messages.senders import ConsoleSink
 from control_plane.oauth.protocol import OAuthClient
+from control_plane.portal.resolver import TxtResolver
 from control_plane.risk.service import RiskEngine
 from control_plane.sessions.tokens import TokenService
 from control_plane.signing_keys.service import Keyring
@@ -44,3 +45,6 @@ MAINTENANCE_BOARD: Final = web.AppKey("maintenance_board", MaintenanceBoard)
 """The started maintenance windows ``GET /readyz`` shows (``control_plane.compliance.service``)."""
 OPENAPI: Final = web.AppKey("openapi_document", bytes)
 """The service's OpenAPI document, serialized (``control_plane.app.openapi_document``)."""
+TXT_RESOLVER: Final = web.AppKey("txt_resolver", TxtResolver)
+"""DNS TXT lookups for the admin portal's domain verification, through ``SERVICE_DNS_RESOLVER``
+or the system's resolver (``control_plane.portal.resolver``)."""

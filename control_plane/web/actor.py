@@ -23,7 +23,7 @@ from common.http import json_response
 from common.settings import Settings
 from control_plane.web.cookies import set_session_cookie
 
-ActorType = Literal["api_key", "user", "operator", "system", "anonymous", "scim"]
+ActorType = Literal["api_key", "user", "operator", "system", "anonymous", "scim", "portal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +36,8 @@ class Actor:
       its SCIM token).
     * ``id``: the key id, user id, ``bootstrap_token``, the worker's name or the SCIM token's id
       (``sct_``); None when unknown.
+    * ``portal`` (type): an organization's IT administrator in the admin portal, known only by
+      the setup link they opened; the id is the link's (``plk_``).
     * ``project_id``: the project acted in; None before one exists (bootstrap) or for a worker
       acting across projects.
     * ``api_key``: the calling key with its scopes and prefix (type ``api_key`` only).
