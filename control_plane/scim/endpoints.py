@@ -24,6 +24,7 @@ from common.errors import (
     ScimConflict,
     ScimError,
     ScimNotFound,
+    ScimNotImplemented,
     ScimPreconditionFailed,
     ServiceError,
     StoreNotFound,
@@ -46,6 +47,7 @@ from control_plane.scim.schemas import (
     PatchBody,
     ResourceQuery,
     ScimCaller,
+    SearchBody,
     UserBody,
     UserReply,
 )
@@ -211,6 +213,18 @@ async def get_scim_resource_type(call: Call) -> web.Response:
                       service.find_resource_type(call.settings, call.path("resource_type")))
 
 
+@endpoint(routes, "POST", BASE + "/.search", auth=TOKEN, error_body=ERROR_BODY,
+          body=SearchBody, errors=[ScimNotImplemented], replies=[Reply(
+              200, "Never: a search across resource types is not offered (501).", ListReply,
+              content_type=SCIM_JSON, envelope=False)])
+async def post_scim_search(call: Call) -> web.Response:
+    """A search across every resource type (RFC 7644 3.4.3) is not offered: 501, as RFC 7644
+    3.12 says for an operation a service provider does not support. Search ``/Users/.search``
+    or ``/Groups/.search``."""
+    raise ScimNotImplemented("Search /Users/.search or /Groups/.search: a search across "
+                             "resource types is not offered.")
+
+
 # --- users -------------------------------------------------------------------------------------
 
 _USER_ERRORS: Final = [ScimBadRequest, ScimConflict]
@@ -241,6 +255,17 @@ async def post_scim_users(call: Call) -> web.Response:
             conn, call.actor, _scim(call), payload=payload, kms=call.app[KMS],
             settings=call.settings, outbox=call.app[OUTBOX_WAKE])
     return _shown(call.request, shown, status=201)
+
+
+@endpoint(routes, "POST", BASE + "/Users/.search", auth=TOKEN, error_body=ERROR_BODY,
+          body=SearchBody, errors=[ScimBadRequest],
+          replies=[Reply(200, "A page of the organization's users.", ListReply,
+                         content_type=SCIM_JSON, envelope=False)])
+async def post_scim_users_search(call: Call) -> web.Response:
+    """The users listing with its query as a body (RFC 7644 3.4.3)."""
+    query = service.search_query(await _payload(call))
+    listed = await service.list_users(call.pool, _scim(call), query=query, settings=call.settings)
+    return scim_reply(call.request, listed.body)
 
 
 @endpoint(routes, "GET", _USER, auth=TOKEN, error_body=ERROR_BODY, errors=[ScimBadRequest, ScimNotFound],
@@ -323,6 +348,17 @@ async def post_scim_groups(call: Call) -> web.Response:
         shown = await service.create_group(conn, call.actor, _scim(call), payload=payload,
                                            settings=call.settings)
     return _shown(call.request, shown, status=201)
+
+
+@endpoint(routes, "POST", BASE + "/Groups/.search", auth=TOKEN, error_body=ERROR_BODY,
+          body=SearchBody, errors=[ScimBadRequest],
+          replies=[Reply(200, "A page of the organization's groups.", ListReply,
+                         content_type=SCIM_JSON, envelope=False)])
+async def post_scim_groups_search(call: Call) -> web.Response:
+    """The groups listing with its query as a body (RFC 7644 3.4.3)."""
+    query = service.search_query(await _payload(call))
+    listed = await service.list_groups(call.pool, _scim(call), query=query, settings=call.settings)
+    return scim_reply(call.request, listed.body)
 
 
 @endpoint(routes, "GET", _GROUP, auth=TOKEN, error_body=ERROR_BODY, errors=[ScimBadRequest, ScimNotFound],

@@ -4,7 +4,7 @@ their ``users`` and what the directory said of them)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import asyncpg
@@ -114,7 +114,8 @@ GROUP_MEMBERS: Final = """(SELECT jsonb_build_object('value', gm.user_id, 'type'
 GROUP_COLUMNS: Final = "g.id, g.display_name, g.external_id, g.created_at, g.updated_at"
 _MEMBERS: Final = """(SELECT coalesce(jsonb_agg(jsonb_build_object(
         'value', gm.user_id, 'type', 'User',
-        'display', coalesce(s.resource ->> 'displayName', nullif(u.name, ''), u.email))
+        'display', coalesce(gm.display, s.resource ->> 'displayName', nullif(u.name, ''),
+                            u.email))
         ORDER BY gm.user_id), '[]'::jsonb)
     FROM scim_group_members gm JOIN users u ON u.id = gm.user_id
     LEFT JOIN scim_users s ON s.organization_id = gm.organization_id AND s.user_id = gm.user_id
@@ -161,18 +162,22 @@ async def delete_group(conn: asyncpg.Connection, group_id: str) -> None:
     await conn.execute("DELETE FROM scim_groups WHERE id = $1", group_id)
 
 
-async def members_of(conn: asyncpg.Connection, group_id: str) -> list[str]:
-    return [r["user_id"] for r in await conn.fetch(
-        "SELECT user_id FROM scim_group_members WHERE group_id = $1 ORDER BY user_id", group_id)]
+async def members_of(conn: asyncpg.Connection, group_id: str) -> dict[str, str | None]:
+    """The group's members and the ``display`` the directory gave each."""
+    return {r["user_id"]: r["display"] for r in await conn.fetch(
+        """SELECT user_id, display FROM scim_group_members WHERE group_id = $1
+           ORDER BY user_id""", group_id)}
 
 
-async def add_members(conn: asyncpg.Connection, group_id: str, org_id: str,
-                      user_ids: Sequence[str]) -> None:
-    if user_ids:
+async def put_members(conn: asyncpg.Connection, group_id: str, org_id: str,
+                      members: Mapping[str, str | None]) -> None:
+    """Add the members (user id to ``display``), or set the ``display`` of those in already."""
+    if members:
         await conn.execute(
-            """INSERT INTO scim_group_members (group_id, organization_id, user_id)
-               SELECT $1, $2, u FROM unnest($3::text[]) AS u ON CONFLICT DO NOTHING""",
-            group_id, org_id, list(user_ids))
+            """INSERT INTO scim_group_members (group_id, organization_id, user_id, display)
+               SELECT $1, $2, m.u, m.d FROM unnest($3::text[], $4::text[]) AS m(u, d)
+               ON CONFLICT (group_id, user_id) DO UPDATE SET display = EXCLUDED.display""",
+            group_id, org_id, list(members), list(members.values()))
 
 
 async def remove_members(conn: asyncpg.Connection, group_id: str, user_ids: Sequence[str]) -> None:

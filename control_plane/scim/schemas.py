@@ -214,6 +214,24 @@ PATCH_BODY: Final[dict[str, Any]] = {
     "required": ["Operations"],
 }
 
+SEARCH_URN: Final = "urn:ietf:params:scim:api:messages:2.0:SearchRequest"
+SEARCH_BODY: Final[dict[str, Any]] = {
+    "type": "object",
+    "title": "ScimSearchRequest",
+    "description": "RFC 7644 3.4.3: a query sent as a body (`POST .../.search`): the listing's "
+                   "parameters as JSON.",
+    "properties": {
+        "schemas": {"type": "array", "items": {"const": SEARCH_URN}, "minItems": 1},
+        "filter": _text(4096),
+        "startIndex": {"type": "integer", "minimum": 1, "maximum": 999_999_999},
+        "count": {"type": "integer", "minimum": 0, "maximum": 999_999_999},
+        "attributes": {"type": "array", "items": _text(256, minLength=1), "maxItems": 100},
+        "excludedAttributes": {"type": "array", "items": _text(256, minLength=1),
+                               "maxItems": 100},
+        "sortBy": _text(256), "sortOrder": {"enum": ["ascending", "descending"]},
+    },
+}
+
 _RESOURCE: Final[dict[str, Any]] = {
     "type": "object",
     "properties": {"schemas": {"type": "array", "items": {"type": "string"}},
@@ -276,6 +294,7 @@ def documented(schema: dict[str, Any]) -> Any:
 UserBody = documented(USER_BODY)
 GroupBody = documented(GROUP_BODY)
 PatchBody = documented(PATCH_BODY)
+SearchBody = documented(SEARCH_BODY)
 UserReply = documented(USER_REPLY)
 GroupReply = documented(GROUP_REPLY)
 ListReply = documented(LIST_REPLY)

@@ -58,6 +58,7 @@ from scim2_models import (
     ResourceType,
     ResponseParameters,
     SCIMException,
+    SearchRequest,
     ServiceProviderConfig,
     Sort,
 )
@@ -251,6 +252,18 @@ def _attributes(query: ListQuery | ResourceQuery, model: Any) -> ResponseParamet
         raise _problem(exc) from None
 
 
+def search_query(payload: Mapping[str, Any]) -> ListQuery:
+    """The listing's query of an RFC 7644 3.4.3 ``SearchRequest`` body. Raises
+    ScimBadRequest."""
+    request = _read(SearchRequest, payload, Context.SEARCH_REQUEST)
+    values = {"filter": request.filter, "sortBy": request.sort_by,
+              "startIndex": None if request.start_index is None else str(request.start_index),
+              "count": None if request.count is None else str(request.count),
+              "attributes": ",".join(map(str, request.attributes or [])) or None,
+              "excludedAttributes": ",".join(map(str, request.excluded_attributes or [])) or None}
+    return ListQuery.model_validate({k: str(v) for k, v in values.items() if v is not None})
+
+
 def _version(shown: Mapping[str, Any]) -> str:
     return 'W/"' + hashlib.sha256(orjson.dumps(shown, option=orjson.OPT_SORT_KEYS)).hexdigest()[:20] + '"'
 
@@ -312,12 +325,17 @@ USER_VIEW: Final = filters.View(
 def _user_json(row: Mapping[str, Any], base: str) -> dict[str, Any]:
     """The member as SCIM shows it (every attribute)."""
     doc = dict(row["doc"])
-    for key in ("id", "meta", "active"):
+    for key in ("id", "meta"):
         doc.pop(key, None)
     schemas = doc.pop("schemas", None) or [USER_URN]
     if ENTERPRISE_URN in doc and ENTERPRISE_URN not in schemas:
         schemas = [*schemas, ENTERPRISE_URN]
-    body = {"schemas": schemas, "id": row["id"], **doc, "active": row["status"] == "active"}
+    # ``active`` is the membership's; shown unless the directory removed it (a member it never
+    # named shows it).
+    shown_active = doc.pop("active", None) is not None or not row["synced"]
+    body = {"schemas": schemas, "id": row["id"], **doc}
+    if shown_active:
+        body["active"] = row["status"] == "active"
     location = f"{base}/Users/{row['id']}"
     body["meta"] = {"resourceType": "User", "created": _time(row["created_at"]),
                     "lastModified": _time(row["updated_at"]), "location": location}
@@ -391,11 +409,15 @@ def _display_name(resource: Any) -> str:
 
 
 def _stored(resource: Any) -> dict[str, Any]:
-    """What is kept of a User resource: all but ``id``, ``meta`` and ``active``."""
+    """What is kept of a User resource: all but ``id``, ``meta`` and ``password``; of
+    ``active``, whether the directory gave it (``true`` when it did: the value is the
+    membership's status)."""
     doc: dict[str, Any] = resource.model_dump(scim_ctx=Context.RESOURCE_QUERY_RESPONSE,
                                               scim_policy=POLICY)
-    for key in ("id", "meta", "active", "password"):
+    for key in ("id", "meta", "password"):
         doc.pop(key, None)
+    if "active" in doc:
+        doc["active"] = True
     return doc
 
 
@@ -660,11 +682,16 @@ async def list_groups(pool: asyncpg.Pool, caller: ScimCaller, *, query: ListQuer
         for row in rows])
 
 
-def _member_ids(resource: Any) -> list[str]:
-    ids = list(dict.fromkeys(str(m.value) for m in resource.members or [] if m.value))
-    if len(ids) > 10_000:
+def _members(resource: Any) -> dict[str, str | None]:
+    """The group's members (user id to the ``display`` the directory gave, or None)."""
+    members: dict[str, str | None] = {}
+    for member in resource.members or []:
+        if member.value:
+            display = _CONTROL_RE.sub("", member.display)[:MAX_TEXT] if member.display else None
+            members[str(member.value)] = display or None
+    if len(members) > 10_000:
         raise ScimBadRequest("A group holds at most 10,000 members.", scim_type="tooMany")
-    return ids
+    return members
 
 
 async def _check_members(conn: asyncpg.Connection, caller: ScimCaller,
@@ -699,20 +726,23 @@ async def _tuples(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,
 
 
 async def _set_members(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller,
-                       group_id: str, before: list[str], after: list[str]) -> tuple[list[str], list[str]]:
-    """Make the group's members ``after`` (from ``before``), with their tuples. Returns the
-    added and the removed."""
-    added = [u for u in after if u not in set(before)]
-    removed = [u for u in before if u not in set(after)]
+                       group_id: str, before: Mapping[str, str | None],
+                       after: Mapping[str, str | None]) -> tuple[list[str], list[str], bool]:
+    """Make the group's members ``after`` (from ``before``; user id to ``display``), with their
+    tuples. Returns the added, the removed, and whether a kept member's ``display`` changed."""
+    added = [u for u in after if u not in before]
+    removed = [u for u in before if u not in after]
+    renamed = {u: d for u, d in after.items() if u in before and before[u] != d}
     statuses = await _check_members(conn, caller, added)
     await repository.remove_members(conn, group_id, removed)
-    await repository.add_members(conn, group_id, caller.organization_id, added)
+    await repository.put_members(conn, group_id, caller.organization_id,
+                                 {**{u: after[u] for u in added}, **renamed})
     if removed:
         statuses.update(await repository.member_statuses(conn, caller.organization_id, removed))
     await _tuples(conn, actor, caller,
                   writes=[(group_id, u) for u in added if statuses.get(u) == "active"],
                   deletes=[(group_id, u) for u in removed if statuses.get(u) == "active"])
-    return added, removed
+    return added, removed, bool(renamed)
 
 
 async def _group_event(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller,
@@ -740,7 +770,7 @@ async def create_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
     """A new group with its members (and their tuples). Raises ScimBadRequest, ScimConflict."""
     resource = _read(Group, payload, Context.RESOURCE_CREATION_REQUEST)
     name, external_id = _group_names(resource)
-    members = _member_ids(resource)
+    members = _members(resource)
     group_id = new_id("grp")
     async with conn.transaction():
         try:
@@ -750,7 +780,7 @@ async def create_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
                     org_id=caller.organization_id, display_name=name, external_id=external_id)
         except asyncpg.UniqueViolationError:
             raise _display_taken(name) from None
-        added, _ = await _set_members(conn, actor, caller, group_id, [], members)
+        added, _, _ = await _set_members(conn, actor, caller, group_id, {}, members)
         await _group_event(conn, actor, caller, group_id, change="created",
                            fields=sorted(["displayName"] + (["externalId"] if external_id else [])
                                          + (["members"] if added else [])),
@@ -785,10 +815,10 @@ async def _change_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCall
                                                   external_id=external_id)
             except asyncpg.UniqueViolationError:
                 raise _display_taken(name) from None
-        before = [m["value"] for m in row["members"]]
-        added, removed = await _set_members(conn, actor, caller, group_id, before,
-                                            _member_ids(wanted))
-        if added or removed:
+        before = await repository.members_of(conn, group_id)
+        added, removed, renamed = await _set_members(conn, actor, caller, group_id, before,
+                                                     _members(wanted))
+        if added or removed or renamed:
             fields.append("members")
             if len(fields) == 1:
                 await repository.touch_group(conn, group_id)
@@ -883,6 +913,9 @@ def _schemas(settings: Settings) -> list[dict[str, Any]]:
             for attribute in schema["attributes"]:
                 if attribute["name"] == "emails":
                     attribute["required"] = True
+                    for sub in attribute.get("subAttributes", []):
+                        if sub["name"] == "value":
+                            sub["required"] = True
         schema["meta"] = {"resourceType": "Schema",
                           "location": f"{base_url(settings)}/Schemas/{schema['id']}"}
         out.append(schema)

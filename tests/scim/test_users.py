@@ -175,12 +175,14 @@ async def test_put_and_patch(project: Project, db: asyncpg.Pool) -> None:
                            ENTERPRISE: {"department": "Sales"}})
     assert r.status == 200, r.body
     assert r.body["userName"] == "pat2" and "nickName" not in r.body
+    # A PUT without ``active`` unassigns it (RFC 7644 3.5.1): the membership stays as it was.
+    assert "active" not in r.body
     assert r.body[ENTERPRISE] == {"department": "Sales"} and ENTERPRISE in r.body["schemas"]
     r = await d.get(f'/Users?filter={ENTERPRISE}:department eq "sales"')
     assert [u["id"] for u in r.body["Resources"]] == [user["id"]]
     changes = [e["metadata"] for e in await events(db, project.id, "scim.user.synced")]
     assert [c["change"] for c in changes] == ["created"] + ["updated"] * 4
-    assert changes[-1]["fields"] == sorted(["userName", "nickName", "name", "displayName", "emails",
+    assert changes[-1]["fields"] == sorted(["userName", "nickName", "name", "displayName", "emails", "active",
                                            "title", ENTERPRISE, "schemas"])
     # Versions: If-Match must name the current one.
     etag = (await d.get(path)).headers["ETag"]
@@ -234,3 +236,22 @@ async def test_deactivation_suspends_and_revokes_and_delete_leaves_the_view(
     assert await db.fetchval("SELECT count(*) FROM scim_users WHERE user_id = $1", user["id"]) == 0
     deleted = (await events(db, project.id, "scim.user.synced"))[-1]["metadata"]
     assert deleted["change"] == "deleted" and deleted["sessions_revoked"] == 1
+
+
+async def test_a_search_by_post(project: Project) -> None:
+    """RFC 7644 3.4.3: the listing's query as a body, per resource type; across resource types
+    it is not offered (501)."""
+    d = await directory(project)
+    first = (await d.post("/Users", user_body(userName="searched"))).body
+    await d.post("/Users", user_body())
+    r = await d.post("/Users/.search", {
+        "schemas": ["urn:ietf:params:scim:api:messages:2.0:SearchRequest"],
+        "filter": 'userName eq "searched"', "attributes": ["userName"], "count": 10})
+    assert r.status == 200, r.body
+    assert r.body["totalResults"] == 1
+    assert r.body["Resources"] == [{"schemas": [USER], "id": first["id"], "userName": "searched"}]
+    r = await d.post("/Users/.search", {"startIndex": 2, "count": 1})
+    assert (r.body["totalResults"], r.body["startIndex"], r.body["itemsPerPage"]) == (2, 2, 1)
+    assert_scim_error(await d.post("/Users/.search", {"filter": "userName zz 1"}), 400,
+                      "invalidFilter")
+    assert_scim_error(await d.post("/.search", {"filter": 'userName eq "x"'}), 501)

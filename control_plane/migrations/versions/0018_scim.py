@@ -13,7 +13,7 @@
   its e-mail address as ``userName``.
 * ``scim_groups`` (``grp_``) and ``scim_group_members``: the organization's directory groups
   and their members, who are members of the organization (a membership's removal removes them
-  from its groups).
+  from its groups), each with the ``display`` the directory gave it, if any.
 
 Revision ID: 0018
 Revises: 0017
@@ -70,6 +70,7 @@ CREATE TABLE scim_group_members (
     group_id        text NOT NULL REFERENCES scim_groups (id) ON DELETE CASCADE,
     organization_id text NOT NULL,
     user_id         text NOT NULL,
+    display         text,
     PRIMARY KEY (group_id, user_id),
     FOREIGN KEY (organization_id, user_id)
         REFERENCES memberships (organization_id, user_id) ON DELETE CASCADE
