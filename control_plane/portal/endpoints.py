@@ -37,7 +37,7 @@ from common.errors import (
 )
 from common.http import request_id
 from common.routing import Reply, RouteTable, Security
-from control_plane.appkeys import TXT_RESOLVER
+from control_plane.appkeys import CURSOR_SECRET, KMS, TXT_RESOLVER
 from control_plane.portal import service
 from control_plane.portal.page import (
     SCRIPT,
@@ -57,7 +57,9 @@ from control_plane.portal.schemas import (
     OrganizationDomain,
     PortalLink,
     PortalQuery,
+    PortalScimToken,
     PortalState,
+    ScimTokenBody,
 )
 from control_plane.web import auth
 from control_plane.web.actor import Call
@@ -190,7 +192,9 @@ async def get_portal_state(call: PortalCall) -> web.Response:
 
     Authentication: the portal session's cookie (`service_portal_session`, set by `GET
     /portal?token=`); 410 `token_invalid_or_expired` without a live session."""
-    return call.reply(await service.portal_state(call.pool, call.session))
+    return call.reply(await service.portal_state(call.pool, call.session,
+                                                 cursor_secret=call.app[CURSOR_SECRET],
+                                                 settings=call.settings))
 
 
 @endpoint(routes, "POST", "/v1/portal/domains", auth=SESSION, json_only=True,
@@ -222,3 +226,20 @@ async def post_portal_domain_verify(call: PortalCall, body: DomainBody) -> web.R
     return call.reply(await service.verify_domain(call.pool, call.actor, call.session,
                                                   domain=body.domain,
                                                   resolver=call.app[TXT_RESOLVER]))
+
+
+@endpoint(routes, "POST", "/v1/portal/scim/token", auth=SESSION, json_only=True,
+          errors=[*_SAVE_ERRORS, OrganizationNotFound],
+          replies=[Reply(201, "The new token, shown this once.", PortalScimToken)])
+async def post_portal_scim_token(call: PortalCall, body: ScimTokenBody) -> web.Response:
+    """Mint the organization's SCIM token and answer it once, with the SCIM base URL.
+
+    The token replaces the organization's previous one at once, as `POST
+    /v1/organizations/{org_id}/scim-token` does (the store its groups write to is kept); the
+    body is an empty JSON object. Authentication: the portal session's cookie, of a `scim`
+    link (403 `forbidden` for another intent); 410 `token_invalid_or_expired` without a live
+    session."""
+    async with call.connection() as conn:
+        minted = await service.mint_scim_token(conn, call.actor, call.session,
+                                               kms=call.app[KMS], settings=call.settings)
+    return call.reply(minted, status=201)

@@ -124,11 +124,11 @@ shown again.</p>
 </div>
 <h3>Sync status</h3>
 <dl id="scim-status" class="facts"></dl>
-<h3 id="requests-heading">Recent SCIM requests</h3>
-<p id="no-requests" class="hint">None recorded.</p>
-<table id="requests" aria-labelledby="requests-heading" hidden>
-<thead><tr><th scope="col">When</th><th scope="col">Request</th><th scope="col">Status</th></tr></thead>
-<tbody id="requests-body"></tbody>
+<h3 id="changes-heading">Latest changes by your directory</h3>
+<p id="no-changes" class="hint">None yet.</p>
+<table id="changes" aria-labelledby="changes-heading" hidden>
+<thead><tr><th scope="col">When</th><th scope="col">Change</th><th scope="col">Resource</th></tr></thead>
+<tbody id="changes-body"></tbody>
 </table>
 </section>
 </main>

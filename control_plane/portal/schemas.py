@@ -158,18 +158,46 @@ class PortalOrganization:
 
 
 @dataclass(frozen=True, slots=True)
+class ScimChange:
+    """A change the directory made through SCIM, as the audit log recorded it: when, the
+    ``action`` (``scim.user.synced``, ``scim.group.synced``), the ``change`` (``created``,
+    ``updated``, ``deactivated``, ``reactivated``, ``deleted``) and the resource changed."""
+
+    at: datetime
+    action: str
+    change: str | None
+    resource_type: str | None
+    resource_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ScimSetup:
-    """The organization's directory sync as the portal shows it: the SCIM ``base_url``, whether
-    a token was minted and when (the token itself is shown once, by the mint), and what the
-    directory has synced (``users``, ``groups``), with the newest SCIM requests where the SCIM
-    service records them (``recent_requests``)."""
+    """The organization's directory sync as the portal shows it: the SCIM ``base_url``; when its
+    token was minted (null: none yet; the token itself is shown once, by the mint); once there
+    is one, how many ``users`` and ``groups`` the directory's view holds; when the directory
+    last changed something (``last_synced_at``) and its latest changes (``recent_changes``,
+    newest first, at most 10). SCIM reads and refused requests change nothing and are not
+    recorded, so they are not listed."""
 
     base_url: str
     token_minted_at: datetime | None
     users: int | None
     groups: int | None
     last_synced_at: datetime | None
-    recent_requests: list[dict[str, Any]] | None
+    recent_changes: list[ScimChange]
+
+
+class ScimTokenBody(RequestModel):
+    """``POST /v1/portal/scim/token``: an empty object (the organization is the link's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PortalScimToken:
+    """The organization's new SCIM token, shown this once (it replaced the previous one): a
+    directory is configured with ``base_url`` and ``token`` as its bearer token."""
+
+    token: str
+    base_url: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,13 @@ link for one organization and one intent; the page it opens lets them set that o
   domain: one organization of a project per verified domain. Each change is
   ``organization.updated`` naming the domain.
 * SCIM (intent ``scim``): :func:`mint_scim_token` has the SCIM service mint the organization's
-  token (replacing the previous one), answered once; :func:`portal_state` shows what SCIM says
-  of the directory.
+  token (``scim.service.mint_token``: it replaces the previous one at once, and records
+  ``scim.token.created``), answered once. :func:`portal_state` shows the directory's sync: the
+  SCIM service keeps no log of requests and offers no status of its own, so what is shown is
+  what its public rules and the audit log hold: when the token was minted and the latest
+  changes the directory made (the audit service's ``scim.*`` events naming the organization),
+  and the users and groups of the organization's SCIM view (``scim.service.list_users`` and
+  ``list_groups`` totals, read as the organization's current token would).
 
 Every event of a portal call is the link's organization's, by the actor ``portal`` whose id is
 the link's (``portal_actor``).
@@ -34,7 +39,7 @@ import dataclasses
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
 
@@ -51,6 +56,8 @@ from common.errors import (
 from common.ids import new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
+from control_plane.audit.schemas import AuditEvent, EventsQuery
+from control_plane.kms import LocalKms
 from control_plane.organizations import service as organizations
 from control_plane.portal import repository
 from control_plane.portal.resolver import TxtResolver
@@ -62,15 +69,24 @@ from control_plane.portal.schemas import (
     OrganizationDomain,
     PortalLink,
     PortalOrganization,
+    PortalScimToken,
     PortalState,
+    ScimChange,
+    ScimSetup,
     TxtRecord,
 )
+from control_plane.scim import service as scim
+from control_plane.scim.schemas import ListQuery, MintBody, ScimCaller
+from control_plane.tenancy import service as tenancy
 from control_plane.web.actor import Actor
 
 PAGE_PATH: Final = "/portal"
 TOKEN_PREFIX: Final = "ptk_"
 SESSION_PREFIX: Final = "pts_"
 CHALLENGE_PREFIX: Final = "authio-domain-verification="
+RECENT_CHANGES: Final = 10
+SCIM_CHANGES: Final = "scim.user.synced,scim.group.synced"
+SCIM_MINTED: Final = "scim.token.created"
 SESSION_ENDED: Final = ("This admin portal session has ended, or was never started: open a new "
                         "setup link.")
 
@@ -198,14 +214,76 @@ def require_intent(session: PortalSession, intent: Intent) -> None:
 # --- the portal's state ------------------------------------------------------------------------
 
 
-async def portal_state(pool: asyncpg.Pool, session: PortalSession) -> PortalState:
-    """What the page shows: the organization, the intent and its state."""
-    domains = None
+async def portal_state(pool: asyncpg.Pool, session: PortalSession, *, cursor_secret: bytes,
+                       settings: Settings) -> PortalState:
+    """What the page shows: the organization, the intent and its state (``cursor_secret``: the
+    deployment's, which the audit log's listings sign their cursors with)."""
+    domains = scim_setup = None
     if session.intent == "domain_verification":
         domains = [_domain(row) for row in await repository.domains_of(pool, session.organization_id)]
+    else:
+        scim_setup = await _scim_setup(pool, session, cursor_secret=cursor_secret,
+                                       settings=settings)
     return PortalState(
         organization=PortalOrganization(session.organization_id, session.organization_name),
-        intent=session.intent, session_expires_at=session.expires_at, domains=domains, scim=None)
+        intent=session.intent, session_expires_at=session.expires_at, domains=domains,
+        scim=scim_setup)
+
+
+# --- SCIM --------------------------------------------------------------------------------------
+
+
+async def mint_scim_token(conn: asyncpg.Connection, actor: Actor, session: PortalSession, *,
+                          kms: LocalKms, settings: Settings) -> PortalScimToken:
+    """The organization's new SCIM token, replacing its previous one at once (the SCIM service's
+    ``mint_token``, which records ``scim.token.created`` by the portal's actor; the store its
+    groups write to is kept). Raises Forbidden (a link of another intent), OrganizationNotFound
+    (deleted meanwhile)."""
+    require_intent(session, "scim")
+    minted = await scim.mint_token(conn, actor, org_id=session.organization_id, body=MintBody(),
+                                   kms=kms, settings=settings)
+    return PortalScimToken(token=minted.token, base_url=minted.base_url)
+
+
+def _at(event: AuditEvent) -> datetime:
+    return datetime.fromisoformat(event.created_at.replace("Z", "+00:00"))
+
+
+async def _scim_events(pool: asyncpg.Pool, session: PortalSession, *, cursor_secret: bytes,
+                       types: str, limit: int) -> list[AuditEvent]:
+    """The organization's newest events of ``types`` (the SCIM events name their organization in
+    ``metadata.organization_id``, and in the description the search reads)."""
+    page = await audit.list_events(pool, audit.listing(session.project_id, cursor_secret),
+                                   EventsQuery.model_validate({
+                                       "type": types, "q": session.organization_id,
+                                       "limit": str(limit)}))
+    return [e for e in page.data if e.metadata.get("organization_id") == session.organization_id]
+
+
+async def _scim_setup(pool: asyncpg.Pool, session: PortalSession, *, cursor_secret: bytes,
+                      settings: Settings) -> ScimSetup:
+    changes = await _scim_events(pool, session, cursor_secret=cursor_secret, types=SCIM_CHANGES,
+                                 limit=RECENT_CHANGES)
+    minted = await _scim_events(pool, session, cursor_secret=cursor_secret, types=SCIM_MINTED,
+                                limit=1)
+    users = groups = None
+    if minted:
+        project = await tenancy.describe_project(pool, session.project_id)
+        meta: dict[str, Any] = minted[0].metadata
+        caller = ScimCaller(str(meta.get("token_id", "")), session.organization_id,
+                            session.project_id, project.name, meta.get("store_id"))
+        totals = ListQuery.model_validate({"count": "0"})
+        users = (await scim.list_users(pool, caller, query=totals, settings=settings)).body[
+            "totalResults"]
+        groups = (await scim.list_groups(pool, caller, query=totals, settings=settings)).body[
+            "totalResults"]
+    return ScimSetup(
+        base_url=scim.base_url(settings),
+        token_minted_at=_at(minted[0]) if minted else None, users=users, groups=groups,
+        last_synced_at=_at(changes[0]) if changes else None,
+        recent_changes=[ScimChange(at=_at(e), action=e.action, change=e.metadata.get("change"),
+                                   resource_type=e.target_type, resource_id=e.target_id)
+                        for e in changes])
 
 
 # --- domains -----------------------------------------------------------------------------------

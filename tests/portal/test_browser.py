@@ -191,6 +191,58 @@ async def test_an_it_admin_verifies_a_domain_in_the_portal(
     assert {(e["actor_type"], e["actor_id"]) for e in updated} == {("portal", link["id"])}
 
 
+
+def _mint_in_page(driver: webdriver.Chrome, url: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {"timing": _open(driver, url)}
+    seen["focused_on_load"] = _active(driver)
+    seen["secret_shown_before"] = driver.find_element(By.ID, "scim-secret").is_displayed()
+    seen["status_before"] = _text(driver, "scim-status")
+    driver.find_element(By.ID, "mint").click()
+    seen["minted"] = _wait_status(driver, "Token generated", "Could not", "This admin portal")
+    seen["token"] = _value(driver, "scim-token")
+    seen["base_url"] = _value(driver, "scim-base-url")
+    seen["focused_after_mint"] = _active(driver)
+    seen["labels"] = _labels(driver)
+    seen["status_after"] = _text(driver, "scim-status")
+    seen["console"] = _console(driver)
+    driver.refresh()  # the token is shown once: a reload shows that one exists, not the token
+    WebDriverWait(driver, 15).until(
+        lambda d: d.execute_script("return document.documentElement.dataset.ready"))
+    seen["secret_shown_after_reload"] = driver.find_element(By.ID, "scim-secret").is_displayed()
+    seen["token_after_reload"] = _value(driver, "scim-token")
+    seen["status_after_reload"] = _text(driver, "scim-status")
+    seen["mint_label_after_reload"] = _text(driver, "mint")
+    return seen
+
+
+async def test_an_it_admin_sees_the_scim_token_once(
+        portal_service: Api, portal_project: Project, browser: webdriver.Chrome,
+        db: asyncpg.Pool, tmp_path: Path) -> None:
+    org = await make_org(portal_project)
+    link = await make_link(portal_project, org["id"], "scim")
+    async with kept_on_failure(browser, tmp_path / "failure"):
+        seen = await asyncio.to_thread(_mint_in_page, browser, link["link"])
+        _print_timing("SCIM", seen["timing"])
+        assert seen["focused_on_load"] == "mint"
+        assert not seen["secret_shown_before"]
+        assert "Token\nnone yet" in seen["status_before"], seen["status_before"]
+        assert seen["minted"].startswith("Token generated."), seen["minted"]
+        assert seen["token"].startswith("scim_")
+        assert seen["base_url"] == f"{portal_service.base_url}/scim/v2"
+        assert seen["focused_after_mint"] == "scim-token"
+        assert seen["labels"] == {"scim-base-url": "SCIM base URL", "scim-token": "Bearer token"}
+        assert "Token\ngenerated" in seen["status_after"], seen["status_after"]
+        assert seen["console"] == [], seen["console"]
+        assert not seen["secret_shown_after_reload"] and seen["token_after_reload"] == ""
+        assert "Token\ngenerated" in seen["status_after_reload"]
+        assert seen["mint_label_after_reload"] == "Generate a new SCIM token"
+
+    # The token the page showed is the organization's: a directory can use it.
+    r = await portal_service.with_key(seen["token"]).get("/scim/v2/Users")
+    assert r.status == 200 and r.body["totalResults"] == 0, r.body
+    [event] = await events(db, portal_project.id, "scim.token.created")
+    assert (event["actor_type"], event["actor_id"]) == ("portal", link["id"])
+
 def _open_many(driver: webdriver.Chrome, urls: list[str]) -> list[dict[str, Any]]:
     seen = []
     for url in urls:

@@ -162,26 +162,25 @@ function renderScim(scim) {
   facts.replaceChildren();
   fact(facts, "SCIM base URL", scim.base_url);
   fact(facts, "Token", scim.token_minted_at ? "generated " + when(scim.token_minted_at) : "none yet");
-  if (scim.users !== null) fact(facts, "Users synced", String(scim.users));
-  if (scim.groups !== null) fact(facts, "Groups synced", String(scim.groups));
-  fact(facts, "Last sync", scim.last_synced_at ? when(scim.last_synced_at) : "never");
-  const requests = scim.recent_requests || [];
-  const body = $("requests-body");
+  if (scim.users !== null) fact(facts, "Users", String(scim.users));
+  if (scim.groups !== null) fact(facts, "Groups", String(scim.groups));
+  fact(facts, "Last change by the directory", scim.last_synced_at ? when(scim.last_synced_at) : "none yet");
+  const changes = scim.recent_changes;
+  const body = $("changes-body");
   body.replaceChildren();
-  for (const request of requests) {
+  for (const change of changes) {
     const row = document.createElement("tr");
-    for (const text of [when(request.at), request.method + " " + request.path, String(request.status)]) {
+    const resource = (change.resource_type === "scim_group" ? "Group " : "User ") + (change.resource_id || "");
+    for (const text of [when(change.at), change.change || change.action, resource]) {
       const cell = document.createElement("td");
       cell.textContent = text;
       row.append(cell);
     }
     body.append(row);
   }
-  $("requests").hidden = requests.length === 0;
-  $("no-requests").hidden = requests.length > 0;
-  $("no-requests").textContent = scim.recent_requests === null
-    ? "The service does not record individual SCIM requests; the counts above show what synced."
-    : "None yet.";
+  $("changes").hidden = changes.length === 0;
+  $("no-changes").hidden = changes.length > 0;
+  $("mint").textContent = scim.token_minted_at ? "Generate a new SCIM token" : "Generate a SCIM token";
 }
 
 async function mint() {
@@ -193,7 +192,6 @@ async function mint() {
     $("scim-base-url").value = minted.base_url;
     $("scim-token").value = minted.token;
     $("scim-secret").hidden = false;
-    button.textContent = "Generate a new SCIM token";
     await refresh();
     say("Token generated. Copy it now: it is shown this once.", "done");
     $("scim-token").focus();
