@@ -63,14 +63,17 @@ def hash_secret(secret: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the API key, its project and tenant, its scopes (empty = full access)
-    and its prefix (``sk_live_`` or ``sk_test_``)."""
+    """Who is calling: the API key, its project and tenant, its scopes (empty = full access),
+    its prefix (``sk_live_`` or ``sk_test_``) and its project's name (read with the key, and
+    never changed after the project's creation: what an enrollment message names without a
+    lookup of its own)."""
 
     key_id: str
     project_id: str
     tenant_id: str
     scopes: frozenset[str]
-    prefix: str = "sk_live_"
+    prefix: str
+    project_name: str
 
     def allows(self, scope: str) -> bool:
         """True when the key may use ``scope``."""
@@ -96,7 +99,7 @@ def _tag_span(principal: Principal) -> None:
 
 
 _LOOKUP_SQL: Final = """
-SELECT k.id, k.project_id, p.tenant_id, k.scopes, k.prefix
+SELECT k.id, k.project_id, p.tenant_id, k.scopes, k.prefix, p.name AS project_name
 FROM api_keys k JOIN projects p ON p.id = k.project_id
 WHERE k.secret_hash = $1 AND k.revoked_at IS NULL
 """
@@ -245,7 +248,7 @@ class ApiKeyAuthenticator:
         principal = (
             None if row is None
             else Principal(row["id"], row["project_id"], row["tenant_id"],
-                           frozenset(row["scopes"]), row["prefix"])
+                           frozenset(row["scopes"]), row["prefix"], row["project_name"])
         )
         if generation == self._generation:
             self._remember(digest, principal, started + self._ttl, started)

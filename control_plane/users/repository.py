@@ -42,22 +42,6 @@ async def find(conn: asyncpg.Connection | asyncpg.Pool, user_id: str, *,
     return user(row) if row is not None else None
 
 
-async def project_and_user(conn: asyncpg.Connection, project_id: str,
-                           email: str) -> tuple[str, User | None]:
-    """The project's name and its user with ``email`` (compared case-insensitively, None when
-    there is none), in one round trip."""
-    row = await conn.fetchrow(
-        f"""SELECT p.name AS project_name, u.* FROM projects p
-            LEFT JOIN LATERAL (SELECT {COLUMNS} FROM users
-                               WHERE project_id = p.id AND lower(email) = lower($2)) u ON true
-            WHERE p.id = $1""",
-        project_id, email,
-    )
-    assert row is not None  # the actor's project
-    found = User(*row[1:]) if row["id"] is not None else None
-    return row["project_name"], found
-
-
 def _create_statement() -> Statement:
     p = Params()
     columns = ("id", "project_id", "email", "email_verified", "phone_number", "name", "metadata")
@@ -67,22 +51,33 @@ def _create_statement() -> Statement:
     RETURNING {COLUMNS}, project_id
 ), {magic_links.enrollment_from("u", p)},
 e AS ({audit.insert_from("u", p, name="user_event")})
-SELECT {COLUMNS} FROM u"""
+SELECT true AS created, {COLUMNS} FROM u
+UNION ALL
+SELECT false, {COLUMNS} FROM users
+WHERE project_id = {p["project_id"]} AND lower(email) = lower({p["email"]})
+  AND NOT EXISTS (SELECT FROM u)"""
     return Statement(sql, p)
 
 
 CREATE: Final = _create_statement()
 """A user, its enrollment link and message (``magic_links.enrollment_params``) and its
 ``user.created`` (``audit.event_params(..., name="user_event")``) in one statement, so in
-one round trip and atomic without a transaction of its own; no row, and nothing written, when
-the project has a user with that email."""
+one round trip and atomic without a transaction of its own. When the project already has a
+user with that email, nothing is written and the statement answers that user instead (as
+the statement's snapshot saw it: a user committed by a concurrent creation after the snapshot
+is neither written over nor seen, so there is no row at all)."""
 
 
-async def create(conn: asyncpg.Connection, values: dict[str, object]) -> User | None:
-    """Run :data:`CREATE` with ``values`` by parameter name: the new user, or None when the
-    email is taken. Raises asyncpg.UniqueViolationError for a phone number in use."""
+async def create(conn: asyncpg.Connection,
+                 values: dict[str, object]) -> tuple[User, bool] | None:
+    """Run :data:`CREATE` with ``values`` by parameter name: the new user and True, the
+    existing user with that email and False, or None when a concurrent creation of the email
+    committed meanwhile (look again). Raises asyncpg.UniqueViolationError for a phone number
+    in use."""
     row = await conn.fetchrow(CREATE.sql, *CREATE.params.bind(values))
-    return user(row) if row is not None else None
+    if row is None:
+        return None
+    return User(*row[1:]), row["created"]
 
 
 async def update(conn: asyncpg.Connection, project_id: str, user_id: str,

@@ -71,16 +71,16 @@ async def create_user(
     says whether this call did; ``outbox`` (this process's outbox worker's wake-up) is set once
     the enrollment message committed. Raises PhoneInUse (409).
 
-    Two round trips for a new user (the project's name, which its enrollment message carries,
-    with the lookup; then the user, its link, message and event in one statement, atomic
-    without a transaction of its own), one for an existing user: what an import is made of."""
+    One round trip, new user or existing: the user, its enrollment link, message and event in
+    one statement, atomic without a transaction of its own, which answers the existing user
+    instead when there is one. The message names the project, whose name comes with the
+    caller's API key (a project's name never changes). What an import is made of."""
     project_id = actor.project_id
     assert project_id is not None
-    for _ in range(3):  # a concurrent creation won (look again), or deleted it meanwhile
-        found_name, existing = await repository.project_and_user(conn, project_id, body.email)
-        project_name = project_name or found_name  # a caller may name the project itself
-        if existing is not None:
-            return CreatedUser.of(existing, created=False)
+    if project_name is None:  # a route for API keys (another caller names the project itself)
+        assert actor.api_key is not None
+        project_name = actor.api_key.project_name
+    for _ in range(3):  # a concurrent creation of the email committed meanwhile: look again
         user_id = new_id("user")
         values = {
             "id": user_id, "project_id": project_id, "email": body.email,
@@ -94,14 +94,14 @@ async def create_user(
                 metadata={"user_email": body.email, "email_verified": body.email_verified}),
         }
         try:
-            user = await repository.create(conn, values)
+            outcome = await repository.create(conn, values)
         except asyncpg.UniqueViolationError as exc:
             raise _unique_violation(exc) from None
-        if user is not None:
-            outbox.set()
-            return CreatedUser.of(user, created=True)
-        # Another transaction created the email first (ON CONFLICT waited for its commit):
-        # the next lookup returns its user.
+        if outcome is not None:
+            user, created = outcome
+            if created:
+                outbox.set()
+            return CreatedUser.of(user, created=created)
     raise InvalidRequest("The user was deleted while being created; retry the request.")
 
 
