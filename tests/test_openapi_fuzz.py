@@ -37,7 +37,11 @@ What the document cannot say is given to the cases (``prepare``):
 * a listing's ``cursor``, which is signed: a valid case starts at the first page;
 * credentials: the project's full-access key, the bootstrap token, or the access token of a
   user signed in by magic link for the operation (afresh for each case of sign-out), sent in
-  place of those the case carries; a case generated without them keeps none.
+  place of those the case carries; a case generated without them keeps none;
+* the admin portal's session: a link of the operation's organization opened (a ``scim`` link for
+  the SCIM step, a ``domain_verification`` one otherwise), its cookie sent with every case of
+  the portal's calls: the document names no scheme for it, and without it every case would
+  stop at 410 before its body is read.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ from tests.fixtures.service import BOOTSTRAP_TOKEN, Project, bootstrap_project, 
 from tests.fixtures.webauthn import SoftAuthenticator
 from tests.passkeys.helpers import ORIGIN, register
 from tests.passkeys.helpers import configure as configure_passkeys
+from tests.portal.helpers import COOKIE as PORTAL_COOKIE
+from tests.portal.helpers import make_link, open_link, session_cookie
 
 SEED = 20261125
 MAX_EXAMPLES = 50
@@ -94,6 +100,7 @@ class Live:
     loop: asyncio.AbstractEventLoop
     worlds: dict[str, dict[str, str]] = field(default_factory=dict)
     tokens: dict[str, str] = field(default_factory=dict)
+    portal_sessions: dict[str, str] = field(default_factory=dict)
 
     def run(self, coro: Any) -> Any:
         """Run ``coro`` on the service's loop and return its result."""
@@ -244,6 +251,22 @@ async def _make_world(project: Project, *, passkey: bool) -> dict[str, str]:
     return ids
 
 
+async def _open_portal(project: Project, org_id: str, intent: str) -> str:
+    link = await make_link(project, org_id, intent)
+    r = await open_link(project.api, link["link"])
+    assert r.status == 200, r.raw[:300]
+    return session_cookie(r)
+
+
+def portal_session(live: Live, label: str, path: str) -> str:
+    """The admin portal session of the operation ``label``, on its world's organization."""
+    if label not in live.portal_sessions:
+        intent = "scim" if path.startswith("/v1/portal/scim/") else "domain_verification"
+        org_id = world(live, label)["org_id"]
+        live.portal_sessions[label] = live.run(_open_portal(live.project, org_id, intent))
+    return live.portal_sessions[label]
+
+
 def access_token(live: Live, label: str, *, fresh: bool = False) -> str:
     """The access token of a user signed in for the operation ``label``."""
     if fresh or label not in live.tokens:
@@ -283,6 +306,9 @@ def credentials(case: schemathesis.Case, live: Live) -> dict[str, dict[str, str]
     ways = security(case)
     headers = case.headers or {}
     ours = case.meta is None  # a hostile case: about something else, always authenticated
+    path = case.operation.path
+    if path.startswith("/v1/portal/") and path != "/v1/portal/links":
+        return {"cookies": {PORTAL_COOKIE: portal_session(live, case.operation.label, path)}}
     if "apiKey" in ways or "session" in ways:
         if "apiKey" in ways:
             secret = live.project.key
@@ -355,6 +381,11 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
      lambda case, r: bool(refused_fields(r)) and all(
          f.startswith("domains") for f, _ in refused_fields(r))
      and any(not str(d).isascii() for d in case.body.get("domains") or [])),
+    ("an organization's domain in the admin portal: which internationalized names have an ASCII "
+     "form (IDNA), and whether that form's labels and length still fit DNS (253 characters with "
+     "the record's label)",
+     lambda case, r: refused_fields(r) != [] and all(f == "domain" for f, _ in refused_fields(r))
+     and not str((case.body or {}).get("domain", "")).isascii()),
     ("a project's domains (IDNA, above) and its relying party's origins (on its rp_id, below), "
      "refused in the same answer",
      lambda case, r: bool(refused_fields(r)) and all(
