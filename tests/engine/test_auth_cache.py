@@ -93,7 +93,7 @@ class FlakyPool:
 
     def add(self, secret: str, key_id: str) -> None:
         self.rows[hash_secret(secret)] = {"id": key_id, "project_id": "proj_x", "tenant_id": "ten_x",
-                                          "scopes": [], "prefix": "sk_live_"}
+                                          "scopes": [], "prefix": "sk_live_", "project_name": "p"}
 
 
 KEY, OTHER = "sk_live_" + "a" * 43, "sk_live_" + "b" * 43
