@@ -617,18 +617,27 @@ def _error_response(status: int, errors: Sequence[type[ServiceError]],
     headers = {"Retry-After": f"Seconds to wait before retrying (with {', '.join(retrying)})."
                } if retrying else {}
     if body is not None:
-        return {
-            "description": f"{HTTPStatus(status).phrase}, as {body.description or body.name}. "
-                           f"Cases:\n\n{lines}",
-            "headers": _headers(headers),
-            "content": {body.content_type: {"schema": {"$ref": SCHEMA_REF.format(model=body.name)}}},
-        }
+        content: dict[str, Any] = {
+            body.content_type: {"schema": {"$ref": SCHEMA_REF.format(model=body.name)}}}
+        description = f"{HTTPStatus(status).phrase}, as {body.description or body.name}. " \
+                      f"Cases:\n\n{lines}"
+        if status == InvalidRequest.status:
+            # HTTP the server's parser refuses is answered before any route is known.
+            content["application/json"] = {"schema": _envelope([InvalidRequest])}
+            description += ("\n\nHTTP the server refuses before any route is known (a request "
+                            "line or header over 8 KiB) is answered in the `Error` envelope.")
+        return {"description": description, "headers": _headers(headers), "content": content}
     return {
         "description": f"{HTTPStatus(status).phrase}. Error codes:\n\n{lines}",
         "headers": _headers(headers),
-        "content": {"application/json": {"schema": {"allOf": [
-            {"$ref": SCHEMA_REF.format(model="Error")},
-            {"type": "object", "properties": {"error": {"type": "object", "properties": {
-                "code": {"type": "string", "enum": [err.code for err in errors]}}}}},
-        ]}}},
+        "content": {"application/json": {"schema": _envelope(errors)}},
     }
+
+
+def _envelope(errors: Sequence[type[ServiceError]]) -> dict[str, Any]:
+    """The ``Error`` body with ``error.code`` narrowed to ``errors``' codes."""
+    return {"allOf": [
+        {"$ref": SCHEMA_REF.format(model="Error")},
+        {"type": "object", "properties": {"error": {"type": "object", "properties": {
+            "code": {"type": "string", "enum": [err.code for err in errors]}}}}},
+    ]}

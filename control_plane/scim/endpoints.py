@@ -58,8 +58,9 @@ from control_plane.web.endpoint import endpoint
 routes = RouteTable("scim", "SCIM 2.0 (RFC 7643/7644): an organization's directory (Microsoft "
                             "Entra ID, Okta) provisions its users and groups.")
 BASE: Final = service.BASE_PATH
-_USER: Final = BASE + "/Users/{user_id}"
-_GROUP: Final = BASE + "/Groups/{group_id}"
+# Any segment but ``.search`` (whose path takes POST only): an id that is none is not found.
+_USER: Final = BASE + "/Users/{user_id:[^/.][^/]*}"
+_GROUP: Final = BASE + "/Groups/{group_id:[^/.][^/]*}"
 _IF_MATCH: Final = {"If-Match": RequestHeader(
     "Change only if the resource still has this version (its ETag, `meta.version`); else 412.",
     "^[\\x20-\\x7e]{1,512}$")}

@@ -19,7 +19,7 @@ import decimal
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from scim2_models import InvalidFilterException, Path, ScimFilter
+from scim2_models import Extension, InvalidFilterException, Path, ScimFilter
 from scim2_models.path import (
     AttributeBinding,
     AttrPath,
@@ -69,13 +69,10 @@ def _names(binding: AttributeBinding) -> tuple[str, list[str]]:
     canonical names of the attribute and its sub-attribute."""
     schema = str(binding.model.__schema__)  # type: ignore[attr-defined]
     tail = binding.urn[len(schema) + 1:] if binding.urn.startswith(schema + ":") else binding.urn
-    names = tail.split(".")
-    resource = str(binding.model.__schema__) if not _is_extension(binding.model) else None
-    return ("" if resource is not None else schema), names
+    return (schema if _is_extension(binding.model) else ""), tail.split(".")
 
 
 def _is_extension(model: Any) -> bool:
-    from scim2_models import Extension
     return isinstance(model, type) and issubclass(model, Extension)
 
 

@@ -12,14 +12,15 @@ the OpenAPI document; the library, not these, reads a request.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, Field, WithJsonSchema
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
 from scim2_models import EnterpriseUser, Group, ScimPolicy, User
 
 from common.ids import id_pattern, is_id
-from common.openapi import NO_NUL_PATTERN
+from common.openapi import JSON_VALUE_REF, NO_NUL_PATTERN
 from common.routing import ErrorBody
 from common.schemas import QueryModel, RequestModel
 
@@ -96,6 +97,14 @@ class ScimCaller:
 # --- the listing -------------------------------------------------------------------------------
 
 _PARAM_TEXT: Final = {"type": "string", "pattern": NO_NUL_PATTERN, "maxLength": 4096}
+_INTEGER: Final = re.compile(r"-?[0-9]{1,9}")
+_Param = Annotated[str, StringConstraints(max_length=4096)]
+
+
+def _integer(value: str | None) -> str | None:
+    if value is not None and _INTEGER.fullmatch(value) is None:
+        raise ValueError("must be an integer")
+    return value
 
 
 class ListQuery(QueryModel):
@@ -104,31 +113,32 @@ class ListQuery(QueryModel):
     ``excludedAttributes``. ``sortBy`` and ``sortOrder`` are accepted and ignored: sorting is not
     offered (``ServiceProviderConfig``), and a listing is in creation order."""
 
-    filter: Annotated[str | None, WithJsonSchema({
+    filter: Annotated[_Param | None, WithJsonSchema({
         **_PARAM_TEXT, "description": "A SCIM filter (RFC 7644 3.4.2.2), such as "
                                       "`userName eq \"bjensen\"`."})] = None
-    start_index: Annotated[str | None, Field(alias="startIndex"), WithJsonSchema({
+    start_index: Annotated[str | None, Field(alias="startIndex"), AfterValidator(_integer),
+                           WithJsonSchema({
         "type": "string", "pattern": "^-?[0-9]{1,9}$",
         "description": "The 1-based index of the first result (default 1)."})] = None
-    count: Annotated[str | None, WithJsonSchema({
+    count: Annotated[str | None, AfterValidator(_integer), WithJsonSchema({
         "type": "string", "pattern": "^-?[0-9]{1,9}$",
         "description": f"How many results at most (default and maximum {MAX_COUNT:,})."})] = None
-    attributes: Annotated[str | None, WithJsonSchema({
+    attributes: Annotated[_Param | None, WithJsonSchema({
         **_PARAM_TEXT, "description": "Comma-separated attributes to return (and `id`)."})] = None
-    excluded_attributes: Annotated[str | None, Field(alias="excludedAttributes"), WithJsonSchema({
+    excluded_attributes: Annotated[_Param | None, Field(alias="excludedAttributes"), WithJsonSchema({
         **_PARAM_TEXT, "description": "Comma-separated attributes not to return."})] = None
-    sort_by: Annotated[str | None, Field(alias="sortBy"), WithJsonSchema({
+    sort_by: Annotated[_Param | None, Field(alias="sortBy"), WithJsonSchema({
         **_PARAM_TEXT, "description": "Accepted and ignored: sorting is not offered."})] = None
-    sort_order: Annotated[str | None, Field(alias="sortOrder"), WithJsonSchema({
+    sort_order: Annotated[_Param | None, Field(alias="sortOrder"), WithJsonSchema({
         **_PARAM_TEXT, "description": "Accepted and ignored: sorting is not offered."})] = None
 
 
 class ResourceQuery(QueryModel):
     """RFC 7644 3.4.1: ``attributes`` and ``excludedAttributes`` of one resource's answer."""
 
-    attributes: Annotated[str | None, WithJsonSchema({
+    attributes: Annotated[_Param | None, WithJsonSchema({
         **_PARAM_TEXT, "description": "Comma-separated attributes to return (and `id`)."})] = None
-    excluded_attributes: Annotated[str | None, Field(alias="excludedAttributes"), WithJsonSchema({
+    excluded_attributes: Annotated[_Param | None, Field(alias="excludedAttributes"), WithJsonSchema({
         **_PARAM_TEXT, "description": "Comma-separated attributes not to return."})] = None
 
 
@@ -139,37 +149,47 @@ def _text(max_length: int = MAX_TEXT, **extra: Any) -> dict[str, Any]:
     return {"type": "string", "pattern": NO_NUL_PATTERN, "maxLength": max_length, **extra}
 
 
-_SCIM_BOOL: Final = {"anyOf": [{"type": "boolean"}, {"enum": ["True", "False", "true", "false"]}],
+_SCIM_BOOL: Final = {"anyOf": [{"type": "boolean"}, {"enum": ["True", "False", "true", "false"]},
+                               {"type": "null"}],
                      "description": "A boolean; the strings `\"True\"` and `\"False\"` too "
                                     "(as Microsoft Entra ID sends them)."}
+_STRING: Final = {"type": "string", "pattern": NO_NUL_PATTERN}
+_OPTIONAL_TEXT: Final = {"anyOf": [_STRING, {"type": "null"}]}
 _EMAIL: Final = {"type": "object", "properties": {
     "value": {"type": "string", "format": "email", "maxLength": 320},
-    "type": _text(64), "primary": _SCIM_BOOL, "display": _text()},
+    "type": _OPTIONAL_TEXT, "primary": _SCIM_BOOL, "display": _OPTIONAL_TEXT},
     "required": ["value"]}
 _META: Final = {"type": "object", "description": "RFC 7643 3.1 `meta`.", "properties": {
     "resourceType": {"type": "string"}, "created": {"type": "string", "format": "date-time"},
     "lastModified": {"type": "string", "format": "date-time"}, "location": {"type": "string"},
     "version": {"type": "string"}}}
 
+
+def _schemas(urn: str) -> dict[str, Any]:
+    return {"type": "array", "items": _STRING, "contains": {"const": urn},
+            "description": f"The message's schema URNs: `{urn}` among them (others are ignored)."}
+
+
 USER_BODY: Final[dict[str, Any]] = {
     "type": "object",
     "title": "ScimUserRequest",
     "description": "A SCIM User (RFC 7643 4.1, with the enterprise extension of 4.3) as a "
-                   "directory sends it: `userName` and at least one of `emails` (the primary "
-                   "address, else the first, is the user's e-mail address: users are unique on "
-                   "it). Other attributes of the schemas are kept and shown back; attributes no "
-                   "schema declares are ignored. `id` and `meta` are the service's.",
+                   "directory sends it: `userName` and at least one of `emails`, each with a "
+                   "`value` (the primary address, else the first, is the user's e-mail address: "
+                   "users are unique on it). Other attributes of the schemas are kept and shown "
+                   "back; attributes no schema declares are ignored. `id` and `meta` are the "
+                   "service's.",
     "properties": {
-        "schemas": {"type": "array", "items": {"enum": [USER_URN, ENTERPRISE_URN]},
-                    "contains": {"const": USER_URN}},
+        "schemas": _schemas(USER_URN),
         "userName": _text(minLength=1),
-        "externalId": _text(),
-        "displayName": _text(200),
+        "externalId": {"anyOf": [_text(), {"type": "null"}]},
+        "displayName": _OPTIONAL_TEXT,
         "active": _SCIM_BOOL,
-        "emails": {"type": "array", "items": _EMAIL, "minItems": 1, "maxItems": 20},
-        "name": {"type": "object", "properties": {
-            name: _text(200) for name in ("formatted", "familyName", "givenName", "middleName",
-                                          "honorificPrefix", "honorificSuffix")}},
+        "emails": {"type": "array", "items": _EMAIL, "minItems": 1},
+        "name": {"anyOf": [{"type": "object", "properties": {
+            name: _OPTIONAL_TEXT for name in ("formatted", "familyName", "givenName",
+                                              "middleName", "honorificPrefix",
+                                              "honorificSuffix")}}, {"type": "null"}]},
     },
     "required": ["userName", "emails"],
 }
@@ -178,17 +198,17 @@ GROUP_BODY: Final[dict[str, Any]] = {
     "type": "object",
     "title": "ScimGroupRequest",
     "description": "A SCIM Group (RFC 7643 4.2): `displayName` (unique in the organization) and "
-                   "its `members`, each a User of the organization by its `value` (the `user_` "
-                   "id).",
+                   "its `members` (at most 10,000), each a User of the organization by its "
+                   "`value` (the `user_` id).",
     "properties": {
-        "schemas": {"type": "array", "items": {"const": GROUP_URN}, "minItems": 1},
+        "schemas": _schemas(GROUP_URN),
         "displayName": _text(minLength=1),
-        "externalId": _text(),
-        "members": {"type": "array", "maxItems": 1000, "items": {
+        "externalId": {"anyOf": [_text(), {"type": "null"}]},
+        "members": {"anyOf": [{"type": "array", "items": {
             "type": "object", "properties": {"value": {"type": "string",
                                                        "pattern": id_pattern("user")},
-                                             "display": _text()},
-            "required": ["value"]}},
+                                             "display": _OPTIONAL_TEXT},
+            "required": ["value"]}}, {"type": "null"}]},
     },
     "required": ["displayName"],
 }
@@ -201,13 +221,13 @@ PATCH_BODY: Final[dict[str, Any]] = {
                    "value filter such as `members[value eq \"user_...\"]`) or, for `add` and "
                    "`replace`, a `value` object of attributes.",
     "properties": {
-        "schemas": {"type": "array", "items": {"const": PATCH_URN}, "minItems": 1},
-        "Operations": {"type": "array", "minItems": 1, "maxItems": 1000, "items": {
+        "schemas": _schemas(PATCH_URN),
+        "Operations": {"type": "array", "minItems": 1, "items": {
             "type": "object",
             "properties": {
                 "op": {"type": "string", "pattern": "^(?i:add|replace|remove)$"},
-                "path": _text(),
-                "value": {},
+                "path": _OPTIONAL_TEXT,
+                "value": {"$ref": JSON_VALUE_REF},
             },
             "required": ["op"]}},
     },
@@ -219,16 +239,16 @@ SEARCH_BODY: Final[dict[str, Any]] = {
     "type": "object",
     "title": "ScimSearchRequest",
     "description": "RFC 7644 3.4.3: a query sent as a body (`POST .../.search`): the listing's "
-                   "parameters as JSON.",
+                   "parameters as JSON (`startIndex` below 1 counts as 1, `count` below 0 as 0).",
     "properties": {
-        "schemas": {"type": "array", "items": {"const": SEARCH_URN}, "minItems": 1},
-        "filter": _text(4096),
-        "startIndex": {"type": "integer", "minimum": 1, "maximum": 999_999_999},
-        "count": {"type": "integer", "minimum": 0, "maximum": 999_999_999},
-        "attributes": {"type": "array", "items": _text(256, minLength=1), "maxItems": 100},
-        "excludedAttributes": {"type": "array", "items": _text(256, minLength=1),
-                               "maxItems": 100},
-        "sortBy": _text(256), "sortOrder": {"enum": ["ascending", "descending"]},
+        "schemas": _schemas(SEARCH_URN),
+        "filter": _OPTIONAL_TEXT,
+        "startIndex": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "count": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "attributes": {"anyOf": [{"type": "array", "items": _STRING}, {"type": "null"}]},
+        "excludedAttributes": {"anyOf": [{"type": "array", "items": _STRING}, {"type": "null"}]},
+        "sortBy": _OPTIONAL_TEXT,
+        "sortOrder": {"anyOf": [{"enum": ["ascending", "descending"]}, {"type": "null"}]},
     },
 }
 
@@ -291,10 +311,27 @@ def documented(schema: dict[str, Any]) -> Any:
     return Annotated[dict[str, Any], WithJsonSchema(schema)]
 
 
-UserBody = documented(USER_BODY)
-GroupBody = documented(GROUP_BODY)
-PatchBody = documented(PATCH_BODY)
-SearchBody = documented(SEARCH_BODY)
+def _open(schema: Any) -> Any:
+    """``schema`` (a request's) with every object open to other attributes, as SCIM's are
+    (unknown ones are ignored), whose names and values hold no NUL (``read_json``)."""
+    if isinstance(schema, list):
+        return [_open(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _open(value) if key in ("properties", "items", "anyOf", "contains") else value
+           for key, value in schema.items()}
+    if "properties" in out:
+        out["properties"] = {name: _open(prop) for name, prop in schema["properties"].items()}
+    if out.get("type") == "object":
+        out.setdefault("propertyNames", {"pattern": NO_NUL_PATTERN})
+        out.setdefault("additionalProperties", {"$ref": JSON_VALUE_REF})
+    return out
+
+
+UserBody = documented(_open(USER_BODY))
+GroupBody = documented(_open(GROUP_BODY))
+PatchBody = documented(_open(PATCH_BODY))
+SearchBody = documented(_open(SEARCH_BODY))
 UserReply = documented(USER_REPLY)
 GroupReply = documented(GROUP_REPLY)
 ListReply = documented(LIST_REPLY)

@@ -89,7 +89,9 @@ from control_plane.scim.schemas import (
     LIST_URN,
     MAX_COUNT,
     MAX_TEXT,
+    PATCH_URN,
     POLICY,
+    SEARCH_URN,
     USER_URN,
     ListQuery,
     MintBody,
@@ -186,13 +188,22 @@ def _read(model: Any, payload: Mapping[str, Any], context: Context) -> Any:
         raise _problem(exc) from None
 
 
+def _schemas_of(payload: Mapping[str, Any], urn: str) -> None:
+    """Refuse a message whose ``schemas``, when given, do not name ``urn`` (RFC 7643 3)."""
+    schemas = payload.get("schemas", [urn])
+    if not isinstance(schemas, list) or urn not in schemas:
+        raise ScimBadRequest(f"schemas must contain {urn}", scim_type="invalidSyntax")
+
+
 def _booleans(payload: Any) -> Any:
     """``payload`` with ``active`` and ``primary`` given as the strings ``"True"``/``"False"``
-    (Microsoft Entra ID) read as booleans, and refused when another string."""
+    (Microsoft Entra ID) read as booleans; another value than a boolean, null or those strings
+    is refused (not read as pydantic would, ``1`` or ``"yes"`` as true)."""
     if isinstance(payload, dict):
         out = {}
         for key, value in payload.items():
-            if key.lower() in ("active", "primary") and isinstance(value, str):
+            if key.lower() in ("active", "primary") and value is not None \
+                    and not isinstance(value, bool):
                 if value not in ("True", "False", "true", "false"):
                     raise ScimBadRequest(f"{key} must be a boolean", scim_type="invalidValue")
                 value = value.lower() == "true"
@@ -204,7 +215,7 @@ def _booleans(payload: Any) -> Any:
 
 
 def _text(name: str, value: str | None, *, required: bool = False) -> str | None:
-    if value is None or not value.strip():
+    if value is None or value == "":
         if required:
             raise ScimBadRequest(f"{name} is required", scim_type="invalidValue")
         return None
@@ -234,6 +245,7 @@ def _removals(payload: Any) -> Any:
 
 def read_patch(model: Any, payload: Mapping[str, Any]) -> Any:
     """The ``PatchOp`` of ``payload`` for ``model``. Raises ScimBadRequest."""
+    _schemas_of(payload, PATCH_URN)
     return _read(PatchOp[model], _removals(_booleans(payload)), Context.RESOURCE_PATCH_REQUEST)
 
 
@@ -255,13 +267,21 @@ def _attributes(query: ListQuery | ResourceQuery, model: Any) -> ResponseParamet
 def search_query(payload: Mapping[str, Any]) -> ListQuery:
     """The listing's query of an RFC 7644 3.4.3 ``SearchRequest`` body. Raises
     ScimBadRequest."""
+    _schemas_of(payload, SEARCH_URN)
     request = _read(SearchRequest, payload, Context.SEARCH_REQUEST)
+    start = None if request.start_index is None else min(max(request.start_index, 1), 10**9 - 1)
+    count = None if request.count is None else min(max(request.count, 0), MAX_COUNT)
     values = {"filter": request.filter, "sortBy": request.sort_by,
-              "startIndex": None if request.start_index is None else str(request.start_index),
-              "count": None if request.count is None else str(request.count),
+              "startIndex": start, "count": count,
               "attributes": ",".join(map(str, request.attributes or [])) or None,
               "excludedAttributes": ",".join(map(str, request.excluded_attributes or [])) or None}
-    return ListQuery.model_validate({k: str(v) for k, v in values.items() if v is not None})
+    # The body was read by the library already: its values need no second reading (and a
+    # filter in a body has no query string's length limit).
+    return ListQuery.model_construct(
+        filter=values["filter"], sort_by=values["sortBy"], attributes=values["attributes"],
+        excluded_attributes=values["excludedAttributes"],
+        start_index=None if start is None else str(start),
+        count=None if count is None else str(count))
 
 
 def _version(shown: Mapping[str, Any]) -> str:
@@ -391,7 +411,9 @@ def _listed(total: int, start: int, resources: list[dict[str, Any]]) -> Listed:
 
 
 def _primary_email(resource: Any) -> str:
-    emails = [e for e in resource.emails or [] if e.value]
+    if any(not e.value for e in resource.emails or []):
+        raise ScimBadRequest("each of emails needs a value", scim_type="invalidValue")
+    emails = list(resource.emails or [])
     if not emails:
         raise ScimBadRequest("emails is required: the primary address (else the first) is the "
                              "user's e-mail address", scim_type="invalidValue")
@@ -461,6 +483,7 @@ async def provision_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCal
     """Make the resource's user (found by its e-mail address, else created) a member of the
     organization, as the directory describes it (module docstring). Raises ScimBadRequest,
     ScimConflict (the user is in the view already, or the ``userName`` is taken)."""
+    _schemas_of(payload, USER_URN)
     resource = _read(UserResource, _booleans(payload), Context.RESOURCE_CREATION_REQUEST)
     _text("userName", resource.user_name, required=True)
     email = _primary_email(resource)
@@ -528,6 +551,7 @@ async def replace_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
                        settings: Settings) -> Shown:
     """PUT: the member as the resource describes it. Raises ScimNotFound, ScimBadRequest,
     ScimConflict, ScimPreconditionFailed."""
+    _schemas_of(payload, USER_URN)
     resource = _read(UserResource, _booleans(payload), Context.RESOURCE_REPLACEMENT_REQUEST)
     return await _change_user(conn, actor, caller, user_id=user_id, if_match=if_match,
                               settings=settings, change=lambda _: resource)
@@ -686,6 +710,8 @@ def _members(resource: Any) -> dict[str, str | None]:
     """The group's members (user id to the ``display`` the directory gave, or None)."""
     members: dict[str, str | None] = {}
     for member in resource.members or []:
+        if not member.value:
+            raise ScimBadRequest("each of members needs a value", scim_type="invalidValue")
         if member.value:
             display = _CONTROL_RE.sub("", member.display)[:MAX_TEXT] if member.display else None
             members[str(member.value)] = display or None
@@ -768,6 +794,7 @@ def _display_taken(name: str) -> ScimConflict:
 async def create_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,
                        payload: Mapping[str, Any], settings: Settings) -> Shown:
     """A new group with its members (and their tuples). Raises ScimBadRequest, ScimConflict."""
+    _schemas_of(payload, GROUP_URN)
     resource = _read(Group, payload, Context.RESOURCE_CREATION_REQUEST)
     name, external_id = _group_names(resource)
     members = _members(resource)
@@ -836,6 +863,7 @@ async def replace_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCall
                         settings: Settings) -> Shown:
     """PUT: the group as the resource describes it. Raises ScimNotFound, ScimBadRequest,
     ScimConflict, ScimPreconditionFailed."""
+    _schemas_of(payload, GROUP_URN)
     resource = _read(Group, payload, Context.RESOURCE_REPLACEMENT_REQUEST)
     return await _change_group(conn, actor, caller, group_id=group_id, if_match=if_match,
                                settings=settings, change=lambda _: resource)
@@ -894,7 +922,8 @@ def service_provider_config(settings: Settings) -> dict[str, Any]:
         sort=Sort(supported=False),
         etag=ETag(supported=True),
         authentication_schemes=[AuthenticationScheme(
-            type="oauthbearertoken", name="OAuth Bearer Token", primary=True,
+            type=AuthenticationScheme.Type.oauthbearertoken, name="OAuth Bearer Token",
+            primary=True,
             description="The organization's SCIM token (POST /v1/organizations/{org_id}/"
                         "scim-token) as Authorization: Bearer scim_...")],
     )

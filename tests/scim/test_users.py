@@ -192,7 +192,7 @@ async def test_put_and_patch(project: Project, db: asyncpg.Pool) -> None:
     r = await d.patch(path, {"op": "replace", "path": "title", "value": "x"},
                       headers={"If-Match": etag})
     assert r.status == 200 and r.headers["ETag"] != etag
-    assert_scim_error(await d.put(f"/Users/user_01hzzzzzzzzzzzzzzzzzzzzzzz", user_body()), 404)
+    assert_scim_error(await d.put("/Users/user_01hzzzzzzzzzzzzzzzzzzzzzzz", user_body()), 404)
 
 
 async def test_deactivation_suspends_and_revokes_and_delete_leaves_the_view(
