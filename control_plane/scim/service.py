@@ -444,7 +444,8 @@ def _stored(resource: Any) -> dict[str, Any]:
 
 
 async def _put_user(conn: asyncpg.Connection, caller: ScimCaller, user_id: str,
-                    resource: Any) -> None:
+                    resource: Any, stored: dict[str, Any]) -> None:
+    """Keep ``stored`` (``_stored(resource)``) as what the directory said of the member."""
     user_name = _text("userName", resource.user_name, required=True)
     assert user_name is not None
     try:
@@ -452,7 +453,7 @@ async def _put_user(conn: asyncpg.Connection, caller: ScimCaller, user_id: str,
             await repository.put_user(
                 conn, org_id=caller.organization_id, user_id=user_id, user_name=user_name,
                 external_id=_text("externalId", resource.external_id),
-                resource=_stored(resource))
+                resource=stored)
     except asyncpg.UniqueViolationError as exc:
         if exc.constraint_name == repository.USER_NAME_INDEX:
             raise ScimConflict(f"Another user of this organization has the userName "
@@ -509,7 +510,8 @@ async def provision_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCal
                                    "organization's directory already.",
                                    scim_type="uniqueness") from None
             membership_id, status = row["membership_id"], row["status"]  # adopted
-        await _put_user(conn, caller, user.id, resource)
+        stored = _stored(resource)
+        await _put_user(conn, caller, user.id, resource, stored)
         revoked = 0
         if resource.active is not None and resource.active != (status == "active"):
             revoked = await _set_active(conn, actor, caller, user_id=user.id,
@@ -517,7 +519,7 @@ async def provision_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCal
         row = await repository.find_user(conn, org_id, user.id)
         assert row is not None
         await _user_event(conn, actor, caller, user.id, change="created",
-                          fields=sorted(_stored(resource)), user_created=created,
+                          fields=sorted(stored), user_created=created,
                           sessions_revoked=revoked)
     if woken.is_set():
         outbox.set()  # the enrollment message committed: this process's outbox worker sends it
@@ -582,8 +584,9 @@ async def _change_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
     async with conn.transaction():
         row, shown = await _locked_user(conn, caller, user_id, base, if_match)
         current = UserResource.model_validate(shown, scim_policy=POLICY)
-        wanted = change(current.model_copy(deep=True))
-        before, after = _stored(current), _stored(wanted)
+        before = _stored(current)
+        wanted = change(current)  # a PATCH changes ``current`` itself
+        after = _stored(wanted)
         fields = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         email = _primary_email(wanted)
         updates: dict[str, Any] = {}
@@ -603,7 +606,7 @@ async def _change_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
                 raise ScimConflict(f"Another user of the project has the e-mail address "
                                    f"{email!r}.", scim_type="uniqueness") from None
         if fields or not row["synced"]:
-            await _put_user(conn, caller, user_id, wanted)
+            await _put_user(conn, caller, user_id, wanted, after)
         active = row["status"] == "active"
         revoked = 0
         kind = "updated"
@@ -829,8 +832,7 @@ async def _change_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCall
             raise ScimNotFound()
         shown = _group_json(row, base)
         _check_version(shown["meta"]["version"], if_match)
-        current = Group.model_validate(shown, scim_policy=POLICY)
-        wanted = change(current.model_copy(deep=True))
+        wanted = change(Group.model_validate(shown, scim_policy=POLICY))
         name, external_id = _group_names(wanted)
         fields = [f for f, old, new in (("displayName", row["display_name"], name),
                                         ("externalId", row["external_id"], external_id))
