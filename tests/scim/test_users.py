@@ -46,8 +46,13 @@ async def test_a_provisioned_user_is_a_member_and_its_scim_view(project: Project
     assert r.status == 200 and r.body == user
     # The same address again is the same user, already in the view.
     assert_scim_error(await d.post("/Users", user_body(address)), 409, "uniqueness")
-    # And another user cannot take the userName.
-    assert_scim_error(await d.post("/Users", user_body(userName="BJensen")), 409, "uniqueness")
+    # And another user cannot take the userName; the refusal leaves nothing behind: the user
+    # it would have created, its membership and events were one transaction.
+    refused = email()
+    assert_scim_error(await d.post("/Users", user_body(refused, userName="BJensen")), 409,
+                      "uniqueness")
+    assert (await project.api.get(f"/v1/users?email={refused}")).body["data"] == []
+    assert len((await project.api.get(f"/v1/organizations/{d.org_id}/memberships")).body["data"]) == 1
     [event] = await events(db, project.id, "scim.user.synced")
     assert event["actor_type"] == "scim" and event["actor_id"].startswith("sct_")
     assert event["target_id"] == user["id"] and event["metadata"]["change"] == "created"
