@@ -247,6 +247,20 @@ class RecoveryRequestNotPending(ServiceError):
         "recovery_request_not_pending", 409, "The recovery request was already approved or denied.")
 
 
+class OperatorNotFound(ServiceError):
+    """No dashboard operator with that id in the caller's tenant."""
+
+    code, status, default_message = (
+        "operator_not_found", 404, "No operator with that id in this tenant.")
+
+
+class OperatorExists(ServiceError):
+    """The e-mail address is already an operator of the tenant (``details.operator_id``)."""
+
+    code, status, default_message = (
+        "operator_exists", 409, "That e-mail address is already an operator of this tenant.")
+
+
 class Forbidden(ServiceError):
     """The caller is known but this request is refused (DESIGN.md: ``forbidden`` 403, edge
     validation's denied check; here also a cross-origin cookie request, ``web.auth``)."""
@@ -367,59 +381,6 @@ class StepUpRequired(ServiceError):
 
     code, status, default_message = (
         "step_up_required", 401, "This sign-in needs a step-up: confirm it with a passkey or a link.")
-
-
-# --- SCIM 2.0 (RFC 7644 3.12): written in RFC 7644's error shape, never the envelope ----------
-
-
-class ScimError(ServiceError):
-    """A refusal of a SCIM route: ``scim_type`` is its RFC 7644 3.12 ``scimType`` keyword
-    (``invalidFilter``, ``invalidValue``, ``uniqueness``, ...) or None. The SCIM routes' error
-    renderer (``control_plane.scim``) writes every error under ``/scim/v2`` in RFC 7644's
-    shape; ``code`` names the case in logs and the document only."""
-
-    code, status, default_message = "scim_bad_request", 400, "The SCIM request is not valid."
-
-    def __init__(self, message: str | None = None, *, scim_type: str | None = None,
-                 details: dict[str, Any] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        super().__init__(message, details=details, headers=headers)
-        self.scim_type = scim_type
-
-
-class ScimBadRequest(ScimError):
-    """400: a filter, path, value or syntax the SCIM service refuses (``scim_type`` says which:
-    ``invalidFilter``, ``invalidPath``, ``invalidValue``, ``invalidSyntax``, ``noTarget``,
-    ``mutability``, ``tooMany``)."""
-
-
-class ScimUnauthorized(ScimError):
-    """401: no SCIM bearer token, or not the organization's current one."""
-
-    code, status, default_message = (
-        "scim_unauthorized", 401,
-        "Send the organization's SCIM token as Authorization: Bearer scim_...; a token is "
-        "replaced by the next one minted.")
-
-
-class ScimNotFound(ScimError):
-    """404: no such resource in the organization's SCIM view."""
-
-    code, status, default_message = "scim_not_found", 404, "No such resource in this directory."
-
-
-class ScimConflict(ScimError):
-    """409 ``uniqueness``: a ``userName``, e-mail address or group ``displayName`` taken."""
-
-    code, status, default_message = (
-        "scim_uniqueness", 409, "A unique attribute of the resource is taken.")
-
-
-class ScimPreconditionFailed(ScimError):
-    """412: ``If-Match`` names a version the resource no longer has."""
-
-    code, status, default_message = (
-        "scim_precondition_failed", 412, "The resource has changed since that version.")
 
 
 # --- SCIM 2.0 (RFC 7644 3.12): written in RFC 7644's error shape, never the envelope ----------

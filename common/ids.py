@@ -4,7 +4,7 @@ DESIGN.md "Conventions": ``ten_``, ``proj_``, ``key_``, ``user_``, ``org_``, ``m
 ``sess_``, ``store_``, ``dsr_``, ``evt_``, ``whep_``, ``strm_``, ``rd_``, ``chal_``, ``req_``; and
 ours for records the spec does not name: ``msg_`` (outbox messages), ``kid_`` (signing key ids),
 ``pk_`` (passkeys), ``dlv_`` (webhook deliveries), ``inc_`` (incidents), ``mw_`` (maintenance
-windows), ``sct_`` (SCIM tokens), ``grp_`` (SCIM groups).
+windows), ``sct_`` (SCIM tokens), ``grp_`` (SCIM groups), ``opr_`` (dashboard operators).
 The admin portal's setup links are ``plk_``.
 ULIDs sort by creation time (millisecond precision), which keyset pagination relies on.
 """
@@ -22,7 +22,7 @@ PREFIXES: Final = frozenset(
     {"ten", "proj", "key", "user", "org", "mem", "inv", "sess", "store", "dsr", "evt", "whep",
      "plk",
      "strm", "rd", "chal", "req", "msg", "kid", "pk", "dlv", "inc", "mw", "devauth", "impc",
-     "rcv", "sct", "grp"}
+     "rcv", "sct", "grp", "opr"}
 )
 _ID_RE: Final = re.compile(r"([a-z]+)_([0-9a-hjkmnp-tv-z]{26})")
 
@@ -31,7 +31,7 @@ PATH_IDS: Final = {"store_id": "store", "key_id": "key", "user_id": "user", "org
                    "decision_id": "rd", "endpoint_id": "whep", "delivery_id": "dlv",
                    "stream_id": "strm", "dsr_id": "dsr", "incident_id": "inc",
                    "window_id": "mw", "credential_id": "impc", "recovery_id": "rcv",
-                   "group_id": "grp"}
+                   "group_id": "grp", "operator_id": "opr"}
 """The path parameters of the API, each naming a resource by its id, and the prefix of that id
 (the routes declare no others; the OpenAPI document gives each the pattern of :func:`id_pattern`)."""
 

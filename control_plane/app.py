@@ -58,6 +58,8 @@ from control_plane.messages import tasks as message_tasks
 from control_plane.messages.senders import ConsoleSink, uses_console
 from control_plane.oauth import endpoints as oauth
 from control_plane.oauth.protocol import OAuthClient
+from control_plane.operators import console as operator_console
+from control_plane.operators import endpoints as operators
 from control_plane.organizations import endpoints as organizations
 from control_plane.passkeys import endpoints as passkeys
 from control_plane.passkeys import tasks as passkey_tasks
@@ -94,7 +96,8 @@ ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.route
                  sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
                  risk.routes, signing_keys.routes,
                  audit.routes, webhooks.routes, compliance.routes, imports.routes,
-                 recovery.routes, scim.routes, portal.routes)
+                 recovery.routes, scim.routes, portal.routes, operators.routes,
+                 operator_console.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
     session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,

@@ -16,7 +16,8 @@ RETURNING id"""
 """A new pending request; nothing when its user code is taken (the caller draws another)."""
 
 BY_DEVICE_CODE: Final = """
-SELECT id, status, client_id, project_id, scopes, approved_by_key_id, key_id, interval_seconds,
+SELECT id, status, client_id, project_id, scopes, approved_by_key_id, approved_by_operator_id,
+       key_id, interval_seconds,
        last_polled_at, now() AS now, expires_at <= now() AS expired
 FROM device_authorizations WHERE device_code_hash = $1 FOR UPDATE"""
 
@@ -35,7 +36,8 @@ FROM device_authorizations WHERE user_code = $1 FOR UPDATE"""
 
 DECIDED: Final = """
 UPDATE device_authorizations
-SET status = $2, project_id = $3, scopes = $4, approved_by_key_id = $5, decided_at = now()
+SET status = $2, project_id = $3, scopes = $4, approved_by_key_id = $5,
+    approved_by_operator_id = $6, decided_at = now()
 WHERE id = $1"""
 
 

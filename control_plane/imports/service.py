@@ -5,9 +5,11 @@ import").
   (stored as its SHA-256), a ``user_code`` for a person to type, the verification URI (the
   approval page ``GET /device`` of :attr:`Settings.public_base_url`), the lifetime
   (``SERVICE_DEVICE_CODE_TTL_SECONDS``) and the polling interval.
-* :func:`decide`: an operator, proving who they are with a full-access key of a project, approves
-  the code for that project with the scopes the CLI's key gets (those the CLI asked for, else
-  an import's: :data:`IMPORT_SCOPES`), or denies it (``cli.device.approved`` / ``cli.device.denied``).
+* :func:`decide`: an operator, proving who they are with a full-access key of a project (the
+  approval page) or signed in to the operator console (a dashboard operator of the project's
+  tenant), approves the code for that project with the scopes the CLI's key gets (those the CLI
+  asked for, else an import's: :data:`IMPORT_SCOPES`), or denies it (``cli.device.approved`` /
+  ``cli.device.denied``).
 * :func:`redeem`: the CLI's poll (section 3.4/3.5). Pending: ``authorization_pending``, or
   ``slow_down`` (the interval grows by 5 s) when it polls sooner than its interval; denied:
   ``access_denied``; past its lifetime: ``expired_token``; approved: a new ``sk_live_`` key of
@@ -134,8 +136,11 @@ async def redeem(conn: asyncpg.Connection, actor: Actor, *, body: DeviceTokenBod
 
 
 async def _issue(conn: asyncpg.Connection, actor: Actor, row: asyncpg.Record) -> DeviceToken:
-    """The approved request ``row``'s key, created and recorded as redeemed."""
-    approver = Actor(type="api_key", id=row["approved_by_key_id"], project_id=row["project_id"],
+    """The approved request ``row``'s key, created and recorded as redeemed (by the approving
+    key, or the approving dashboard operator)."""
+    by_operator = row["approved_by_operator_id"]
+    approver = Actor(type="operator" if by_operator else "api_key",
+                     id=by_operator or row["approved_by_key_id"], project_id=row["project_id"],
                      ip=actor.ip, user_agent=actor.user_agent)
     scopes = list(row["scopes"])
     key = await tenancy.issue_key(
@@ -148,9 +153,12 @@ async def _issue(conn: asyncpg.Connection, actor: Actor, row: asyncpg.Record) ->
 
 async def decide(conn: asyncpg.Connection, actor: Actor, *, body: ApproveBody) -> Approval:
     """Approve or deny the pending code ``body.user_code`` for the actor's project (module
-    docstring). Raises InvalidRequest naming ``user_code`` when no pending, unexpired request
-    has it."""
-    assert actor.project_id is not None and actor.api_key is not None
+    docstring): the actor is a full-access key or a dashboard operator. Raises InvalidRequest
+    naming ``user_code`` when no pending, unexpired request has it."""
+    assert actor.project_id is not None
+    assert actor.api_key is not None or actor.type == "operator"
+    key_id = actor.api_key.key_id if actor.api_key is not None else None
+    operator_id = actor.id if actor.api_key is None else None
     async with conn.transaction():
         row = await conn.fetchrow(repository.BY_USER_CODE, normalized(body.user_code))
         if row is None or row["expired"]:
@@ -162,7 +170,7 @@ async def decide(conn: asyncpg.Connection, actor: Actor, *, body: ApproveBody) -
         status: Literal["approved", "denied"] = (
             "approved" if body.decision == "approve" else "denied")
         await conn.execute(repository.DECIDED, row["id"], status, actor.project_id,
-                           scopes if status == "approved" else None, actor.api_key.key_id)
+                           scopes if status == "approved" else None, key_id, operator_id)
         await audit.record(
             conn, actor, action=f"cli.device.{status}", target_type="device_authorization",
             target_id=row["id"],

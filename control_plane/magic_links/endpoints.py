@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from typing import Annotated, Final
+from urllib.parse import urlencode
 
 from aiohttp import web
 from pydantic import Field
@@ -30,6 +31,7 @@ from common.schemas import QueryModel
 from control_plane.appkeys import KMS, RISK, SEND_LIMITS, TOKENS
 from control_plane.magic_links import service, signin
 from control_plane.magic_links.schemas import SendBody, Sent, VerifyBody
+from control_plane.operators import service as operators
 from control_plane.sessions import service as sessions
 from control_plane.sessions.schemas import Grant
 from control_plane.web import auth
@@ -133,10 +135,22 @@ document.getElementById("signin").addEventListener("click", async (event) => {{
 
 
 @endpoint(routes, "GET", service.VERIFY_PATH, auth=auth.Anonymous(), allow_head=False,
-          replies=[Reply(200, "The page.", content_type="text/html")])
+          replies=[Reply(200, "The page.", content_type="text/html"),
+                   Reply(303, "A link of a tenant's operator project: to the operator "
+                              "console's landing page, which signs in there.",
+                         content_type="text/plain",
+                         headers={"Location": "/console/verify with the link's project_id (the "
+                                              "browser keeps the fragment)."})])
 async def get_magic_link_verify(call: Call) -> web.Response:
     """The landing page a magic link opens: a button that redeems the link.
 
     Opening it never uses the link up (mail scanners fetch links; people press buttons). The
-    token is in the URL's fragment, so the server never receives it with the page."""
+    token is in the URL's fragment, so the server never receives it with the page. The links of
+    a tenant's operator project (`project_id` in the query) land on the operator console's own
+    page instead, by a redirect that keeps the query (and, in the browser, the fragment)."""
+    project_id = call.request.query.get("project_id", "")
+    landing = await operators.landing_path(call.pool, project_id)
+    if landing is not None:
+        return web.Response(status=303, text="303: See Other", headers={
+            "Location": f"{landing}?{urlencode({'project_id': project_id})}"})
     return page(lambda nonce: _LANDING.format(nonce=nonce))

@@ -7,10 +7,11 @@ from typing import Final
 from aiohttp import web
 
 from common.appkeys import AUTHENTICATOR
-from common.errors import DomainInUse, InsufficientScope, NotFound
+from common.errors import DomainInUse, InsufficientScope, InvalidEmail, NotFound
 from common.routing import Reply, RouteTable
-from control_plane.appkeys import CURSOR_SECRET, KEYRING, KMS
-from control_plane.tenancy import repository, service
+from control_plane.appkeys import CURSOR_SECRET, KEYRING, KMS, OUTBOX_WAKE
+from control_plane.operators import service as operators
+from control_plane.tenancy import service
 from control_plane.tenancy.schemas import (
     ApiKey,
     BootstrapBody,
@@ -23,22 +24,29 @@ from control_plane.tenancy.schemas import (
 from control_plane.web import auth
 from control_plane.web.actor import Call
 from control_plane.web.endpoint import endpoint
-from control_plane.web.pagination import Listing, Page, PageQuery, page_by_id
+from control_plane.web.pagination import Listing, Page, PageQuery
 
 routes = RouteTable("tenancy", "Bootstrap, the calling key's project, and API keys.")
 KEYS_WRITE: Final = auth.ApiKey("keys:write")
 
 
-@endpoint(routes, "POST", "/v1/bootstrap", auth=auth.Bootstrap(),
-          replies=[Reply(201, "The tenant, project and full-access key (its secret shown once).",
+@endpoint(routes, "POST", "/v1/bootstrap", auth=auth.Bootstrap(), errors=[InvalidEmail],
+          replies=[Reply(201, "The tenant, project and full-access key (its secret shown once), "
+                              "and the first operator when operator_email was given.",
                          Bootstrapped)])
 async def post_bootstrap(call: Call, body: BootstrapBody) -> web.Response:
     """Create the first tenant, project and ``sk_live_`` key (SPEC.md 4 rule 1).
 
-    The bootstrap token is checked before the body is read, so a stranger learns nothing from
-    validation."""
+    With ``operator_email``, the tenant's first dashboard operator too, in the same transaction:
+    an invitation to the operator console (``/console``) is sent there. The bootstrap token is
+    checked before the body is read, so a stranger learns nothing from validation."""
     async with call.connection() as conn:
-        result = await service.bootstrap(conn, call.actor, body=body)
+        if body.operator_email is None:
+            result = await service.bootstrap(conn, call.actor, body=body)
+        else:
+            result = await operators.bootstrap(conn, call.actor, body=body, kms=call.app[KMS],
+                                               settings=call.settings,
+                                               outbox=call.app[OUTBOX_WAKE])
     return call.reply(result, status=201)
 
 
@@ -82,10 +90,8 @@ async def post_api_keys(call: Call, body: CreateApiKey) -> web.Response:
           replies=[Reply(200, "A page of keys in creation order.", Page[ApiKey])])
 async def get_api_keys(call: Call, query: PageQuery) -> web.Response:
     """List the project's API keys (never their secrets)."""
-    page = await page_by_id(
-        call.pool, Listing("api_keys", call.project_id, call.app[CURSOR_SECRET]), query,
-        table="api_keys", columns=repository.KEY_COLUMNS, row=repository.api_key,
-    )
+    page = await service.list_api_keys(
+        call.pool, Listing("api_keys", call.project_id, call.app[CURSOR_SECRET]), query)
     return call.reply(page)
 
 

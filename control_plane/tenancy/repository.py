@@ -67,6 +67,42 @@ async def mark_key_revoked(conn: asyncpg.Connection, key_id: str) -> ApiKey:
     return api_key(row)
 
 
+async def operator_project(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str, *,
+                           create: bool) -> asyncpg.Record | None:
+    """The tenant's operator project (id, name, environment; None: it has none, or no such
+    tenant); made first when ``create``. Two first operators at once: one insert wins on the
+    unique index, the other waits for it and then reads the winner's row in a statement of its
+    own (a statement's snapshot predates a row committed while it waited)."""
+    if create:
+        made: asyncpg.Record | None = await conn.fetchrow(
+            """INSERT INTO projects (id, tenant_id, name, environment, kind)
+               SELECT $1, t.id, t.name || ' operators', 'operators', 'operators'
+               FROM tenants t WHERE t.id = $2
+               ON CONFLICT (tenant_id) WHERE kind = 'operators' DO NOTHING
+               RETURNING id, name, environment""", new_id("proj"), tenant_id)
+        if made is not None:
+            return made
+    found: asyncpg.Record | None = await conn.fetchrow(
+        """SELECT id, name, environment FROM projects
+           WHERE tenant_id = $1 AND kind = 'operators'""", tenant_id)
+    return found
+
+
+async def project_kind(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> str | None:
+    """``application`` or ``operators``; None for an unknown project."""
+    kind: str | None = await conn.fetchval("SELECT kind FROM projects WHERE id = $1", project_id)
+    return kind
+
+
+async def application_projects(conn: asyncpg.Connection | asyncpg.Pool,
+                               tenant_id: str) -> list[asyncpg.Record]:
+    """The tenant's projects but its operator project (id, name, environment), oldest first."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """SELECT id, name, environment FROM projects
+           WHERE tenant_id = $1 AND kind = 'application' ORDER BY id""", tenant_id)
+    return rows
+
+
 async def get_project(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> dict[str, Any]:
     """The project's own columns and its domains (the fields of ``Project`` but ``webauthn``,
     which is the passkeys domain's)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
@@ -11,8 +11,10 @@ from pydantic import AfterValidator, Field, WithJsonSchema, field_validator
 
 from common.access_tokens import Alg
 from common.auth import SCOPES
+from common.http import OMIT_IF_NONE
 from common.schemas import DisplayName, RequestModel
 from control_plane.passkeys.schemas import WebAuthnConfig, WebAuthnSettings
+from control_plane.web.schemas import Email
 
 MAX_DOMAINS: Final = 100
 _LABEL_RE: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
@@ -147,11 +149,15 @@ class PatchProject(RequestModel):
 
 
 class BootstrapBody(RequestModel):
-    """The first tenant and project."""
+    """The first tenant and project; with ``operator_email``, the tenant's first dashboard
+    operator too (who signs in to the operator console at ``/console``)."""
 
     tenant_name: DisplayName
     project_name: DisplayName
     environment: DisplayName
+    operator_email: Annotated[Email | None, Field(description=(
+        "The e-mail address of the tenant's first dashboard operator, made in the same "
+        "transaction; an invitation to the console is sent there."))] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +174,19 @@ class ProjectRef:
 
 
 @dataclass(frozen=True, slots=True)
+class OperatorRef:
+    """A dashboard operator made with the bootstrap."""
+
+    id: str
+    email: str
+
+
+@dataclass(frozen=True, slots=True)
 class Bootstrapped:
-    """The tenant, project and full-access ``sk_live_`` key bootstrap made (SPEC.md 5.3)."""
+    """The tenant, project and full-access ``sk_live_`` key bootstrap made (SPEC.md 5.3), and
+    the tenant's first dashboard operator when ``operator_email`` was given (absent otherwise)."""
 
     tenant: TenantRef
     project: ProjectRef
     api_key: NewApiKey
+    operator: OperatorRef | None = field(default=None, metadata={OMIT_IF_NONE: True})

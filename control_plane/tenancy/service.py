@@ -29,12 +29,14 @@ from control_plane.tenancy.schemas import (
     Bootstrapped,
     CreateApiKey,
     NewApiKey,
+    OperatorRef,
     PatchProject,
     Project,
     ProjectRef,
     TenantRef,
 )
 from control_plane.web.actor import Actor
+from control_plane.web.pagination import Listing, Page, PageQuery, page_by_id
 
 
 def check_no_escalation(actor: Principal, scopes: list[str], prefix: str, *, verb: str) -> None:
@@ -65,10 +67,14 @@ async def _new_key(conn: asyncpg.Connection, *, project_id: str, prefix: str, na
     return NewApiKey(**{f: getattr(key, f) for f in ApiKey.__dataclass_fields__}, secret=secret)
 
 
-async def bootstrap(conn: asyncpg.Connection, actor: Actor, *, body: BootstrapBody) -> Bootstrapped:
+async def bootstrap(conn: asyncpg.Connection, actor: Actor, *, body: BootstrapBody,
+                    operator: OperatorRef | None = None) -> Bootstrapped:
     """Create the tenant, the project and a full-access ``sk_live_`` key with their audit
-    events, in one transaction."""
+    events, in one transaction: ``dashboard_operator.bootstrapped`` (naming ``operator``, the
+    tenant's first operator, which the caller makes in its own transaction around this one) and
+    ``api_key.created``."""
     tenant_id, project_id = new_id("ten"), new_id("proj")
+    extra = {"operator_id": operator.id, "operator_email": operator.email} if operator else {}
     async with conn.transaction():
         await repository.insert_tenant_and_project(
             conn, tenant_id=tenant_id, tenant_name=body.tenant_name, project_id=project_id,
@@ -78,8 +84,9 @@ async def bootstrap(conn: asyncpg.Connection, actor: Actor, *, body: BootstrapBo
         await audit.record(
             conn, actor, action="dashboard_operator.bootstrapped", project_id=project_id,
             target_type="project", target_id=project_id,
-            description=f"Bootstrapped tenant {body.tenant_name!r}, project {body.project_name!r}",
-            metadata={"tenant_id": tenant_id, "environment": body.environment},
+            description=f"Bootstrapped tenant {body.tenant_name!r}, project {body.project_name!r}"
+                        + (f", operator {operator.email}" if operator else ""),
+            metadata={"tenant_id": tenant_id, "environment": body.environment, **extra},
         )
         await audit.record(
             conn, actor, action="api_key.created", project_id=project_id,
@@ -87,7 +94,35 @@ async def bootstrap(conn: asyncpg.Connection, actor: Actor, *, body: BootstrapBo
             metadata={"prefix": "sk_live_", "scopes": [], "name": "bootstrap"},
         )
     return Bootstrapped(TenantRef(tenant_id, body.tenant_name),
-                        ProjectRef(project_id, body.project_name, body.environment), key)
+                        ProjectRef(project_id, body.project_name, body.environment), key,
+                        operator)
+
+
+async def operator_project(conn: asyncpg.Connection | asyncpg.Pool, tenant_id: str, *,
+                           create: bool = False) -> ProjectRef | None:
+    """The tenant's operator project, the project whose users are the tenant's dashboard
+    operators (``operators``); made first when ``create``. None when it has none."""
+    row = await repository.operator_project(conn, tenant_id, create=create)
+    return ProjectRef(row["id"], row["name"], row["environment"]) if row is not None else None
+
+
+async def is_operator_project(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> bool:
+    """Whether ``project_id`` is a tenant's operator project (``operator_project``)."""
+    return await repository.project_kind(conn, project_id) == "operators"
+
+
+async def tenant_projects(conn: asyncpg.Connection | asyncpg.Pool,
+                          tenant_id: str) -> list[ProjectRef]:
+    """The tenant's projects, oldest first, without its operator project."""
+    return [ProjectRef(r["id"], r["name"], r["environment"])
+            for r in await repository.application_projects(conn, tenant_id)]
+
+
+async def list_api_keys(pool: asyncpg.Pool, listing: Listing, query: PageQuery) -> Page[ApiKey]:
+    """A page of the keys of ``listing.project_id`` in creation order (never their secrets).
+    Raises InvalidRequest (cursor)."""
+    return await page_by_id(pool, listing, query, table="api_keys",
+                            columns=repository.KEY_COLUMNS, row=repository.api_key)
 
 
 async def create_api_key(conn: asyncpg.Connection, actor: Actor, *,
@@ -129,24 +164,27 @@ async def revoke_api_key(
 
     Idempotent: revoking a revoked key returns it unchanged with no new event. Raises NotFound
     when the project has no such key, InsufficientScope when the actor lacks ``keys:write``
-    (needed for any key but its own) or the key holds more access than the actor's.
+    (needed for any key but its own) or the key holds more access than the actor's. A dashboard
+    operator (actor ``operator``, in a project of its tenant) revokes any key of the project.
     """
     revoker = actor.api_key
-    assert revoker is not None
-    if key_id != revoker.key_id:
+    project_id = actor.project_id
+    assert project_id is not None and (revoker is not None or actor.type == "operator")
+    if revoker is not None and key_id != revoker.key_id:
         revoker.require("keys:write")
     if not is_id(key_id, "key"):
         raise NotFound("No API key with that id in this project.")
     async with conn.transaction():
-        found = await repository.lock_key(conn, revoker.project_id, key_id)
+        found = await repository.lock_key(conn, project_id, key_id)
         if found is None:
             raise NotFound("No API key with that id in this project.")
         key, digest = found
-        check_no_escalation(revoker, key.scopes, key.prefix, verb="revoke")
+        if revoker is not None:
+            check_no_escalation(revoker, key.scopes, key.prefix, verb="revoke")
         if key.revoked_at is not None:
             return key
         key = await repository.mark_key_revoked(conn, key_id)
-        await sessions.record_key_revocation(conn, project_id=revoker.project_id, digest=digest)
+        await sessions.record_key_revocation(conn, project_id=project_id, digest=digest)
         await audit.record(
             conn, actor, action="api_key.revoked", target_type="api_key", target_id=key_id,
             description=f"Revoked API key {key.name!r}",

@@ -31,11 +31,11 @@ class Actor:
     """Who acts, in which project, and from where.
 
     * ``type``: ``api_key`` (a caller with a key), ``user`` (a person signing in or acting on
-      their session), ``operator`` (the bootstrap token), ``system`` (a worker), ``anonymous``
-      (a public endpoint before anyone is known), ``scim`` (an organization's directory through
-      its SCIM token).
-    * ``id``: the key id, user id, ``bootstrap_token``, the worker's name or the SCIM token's id
-      (``sct_``); None when unknown.
+      their session), ``operator`` (a dashboard operator acting in the console, or the
+      bootstrap token), ``system`` (a worker), ``anonymous`` (a public endpoint before anyone
+      is known), ``scim`` (an organization's directory through its SCIM token).
+    * ``id``: the key id, user id, operator id (``opr_``), ``bootstrap_token``, the worker's
+      name or the SCIM token's id (``sct_``); None when unknown.
     * ``portal`` (type): an organization's IT administrator in the admin portal, known only by
       the setup link they opened; the id is the link's (``plk_``).
     * ``project_id``: the project acted in; None before one exists (bootstrap) or for a worker
@@ -62,6 +62,12 @@ class Actor:
         in ``project_id`` when given."""
         return dataclasses.replace(self, type="user", id=user_id, api_key=None,
                                    project_id=project_id or self.project_id)
+
+    def as_operator(self, operator_id: str, *, project_id: str | None) -> Actor:
+        """The same request acting as the dashboard operator ``operator_id`` (signed in to the
+        console) in ``project_id``: what the operator does is theirs in the audit log."""
+        return dataclasses.replace(self, type="operator", id=operator_id, api_key=None,
+                                   project_id=project_id)
 
 
 def client_device(request: web.Request) -> dict[str, Any]:

@@ -1,0 +1,205 @@
+"""The operator console in a real browser: a service of its own that mails through a real SMTP
+server (aiosmtpd, tests/fixtures/peers.py) with ``SERVICE_BASE_URL`` naming its own port, so the
+links it mails are the ones the browser opens, and headless Chromium driving its pages.
+
+Selenium is synchronous: the browser helpers here are plain functions the tests run in a thread
+(``asyncio.to_thread``), so the service, on the test's event loop, keeps answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import secrets
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from tests.fixtures.peers import SmtpSink
+from tests.fixtures.service import BOOTSTRAP_TOKEN, Api, Project
+
+LINK_RE = re.compile(r"https?://\S+/v1/auth/magic-link/verify\?\S+#token=\S+")
+SIGN_IN_SUBJECT = "Your sign-in link for "
+
+
+@dataclass
+class ConsoleService:
+    """The service the console tests use, the SMTP server it mails through, and its database."""
+
+    api: Api
+    sink: SmtpSink
+    db: asyncpg.Pool
+
+    @property
+    def base_url(self) -> str:
+        return self.api.base_url
+
+
+@dataclass
+class Tenant:
+    """A tenant bootstrapped with its first operator."""
+
+    project: Project
+    operator_id: str
+    operator_email: str
+
+
+async def tenant(console: ConsoleService, name: str = "acme") -> Tenant:
+    """A new tenant, its project and full-access key, and its first operator."""
+    address = f"op-{secrets.token_hex(5)}@example.com"
+    r = await console.api.post(
+        "/v1/bootstrap", {"tenant_name": name.title(), "project_name": name,
+                          "environment": "test", "operator_email": address},
+        headers={"x-service-bootstrap-token": BOOTSTRAP_TOKEN}, key=None)
+    assert r.status == 201, r.body
+    key = r.body["api_key"]["secret"]
+    project = Project(r.body["project"]["id"], r.body["tenant"]["id"], key,
+                      r.body["api_key"]["id"], console.api.with_key(key))
+    return Tenant(project, r.body["operator"]["id"], address)
+
+
+def mail_text(console: ConsoleService, destination: str, subject: str) -> list[str]:
+    """The plain-text bodies of the messages to ``destination`` whose subject starts with
+    ``subject``, oldest first."""
+    out = []
+    for received in console.sink.to(destination):
+        message = received.message
+        if str(message["Subject"]).startswith(subject):
+            part = message.get_body(preferencelist=("plain",))
+            assert part is not None
+            out.append(str(part.get_content()))  # type: ignore[attr-defined]
+    return out
+
+
+async def mailed_link(console: ConsoleService, destination: str, *, count: int = 1,
+                      subject: str = SIGN_IN_SUBJECT) -> str:
+    """The link of the ``count``-th message to ``destination`` of that subject, once it came."""
+    deadline = asyncio.get_running_loop().time() + 20
+    while True:
+        texts = mail_text(console, destination, subject)
+        if len(texts) >= count:
+            found = LINK_RE.search(texts[count - 1])
+            assert found, texts[count - 1]
+            return found.group(0)
+        assert asyncio.get_running_loop().time() < deadline, \
+            f"{len(texts)} of {count} message(s) {subject!r} to {destination} arrived"
+        await asyncio.sleep(0.05)
+
+
+# --- the browser ----------------------------------------------------------------------------------
+
+
+def console_log(driver: webdriver.Chrome) -> list[dict[str, Any]]:
+    """The browser console's errors and warnings since the last call (a script error, a CSP
+    violation)."""
+    get_log: Callable[[str], list[dict[str, Any]]] = driver.get_log  # untyped in selenium
+    return [e for e in get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+
+
+def fresh(driver: webdriver.Chrome) -> None:
+    """An empty cookie jar and a blank page (the browser is shared by the run's tests)."""
+    driver.get("about:blank")
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    console_log(driver)
+
+
+def status_text(driver: webdriver.Chrome) -> str:
+    """The page's live region once it settled (not empty, not ending with an ellipsis)."""
+    def settled(d: Any) -> str | None:
+        text = str(d.find_element(By.ID, "status").text)
+        return text if text and not text.endswith("…") and text != \
+            "Press the button to finish signing in." else None
+    return str(WebDriverWait(driver, 20).until(settled))
+
+
+def request_link(driver: webdriver.Chrome, base_url: str, address: str) -> str:
+    """Ask the sign-in page for a link to ``address``; what the page then says."""
+    driver.get(f"{base_url}/console/sign-in")
+    field = driver.find_element(By.ID, "email")
+    field.clear()
+    field.send_keys(address)
+    driver.find_element(By.ID, "send").click()
+    return status_text(driver)
+
+
+def follow_link(driver: webdriver.Chrome, link: str) -> str:
+    """Open a mailed link (landing on the console's own page) and press its button; the URL
+    the browser ends on."""
+    driver.get(link)
+    WebDriverWait(driver, 10).until(lambda d: "/console/verify" in d.current_url)
+    driver.find_element(By.ID, "signin").click()
+
+    def arrived(d: Any) -> bool:
+        path, said = d.execute_script(
+            'return [location.pathname, (document.getElementById("status") || {}).textContent'
+            ' || ""]')
+        if path == "/console/recovery":
+            return d.execute_script("return document.readyState") == "complete"
+        # A refusal stays on the page and says so.
+        return said not in ("", "Signing in…", "Press the button to finish signing in.") \
+            and not said.startswith("Signed in as ")
+
+    # The page goes away while it is read (the browser navigates): it is read again.
+    WebDriverWait(driver, 20, ignored_exceptions=(WebDriverException,)).until(arrived)
+    return str(driver.current_url)
+
+
+def open_page(driver: webdriver.Chrome, url: str) -> None:
+    driver.get(url)
+    WebDriverWait(driver, 10).until(
+        lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def dom_interactive(driver: webdriver.Chrome) -> float:
+    """Milliseconds from the navigation's start to ``domInteractive`` (Navigation Timing 2):
+    the page parsed and its script run, ready for input."""
+    value = driver.execute_script(
+        'return performance.getEntriesByType("navigation")[0].domInteractive')
+    return float(value)
+
+
+FETCH = """
+const [method, path, body, headers] = Array.prototype.slice.call(arguments, 0, 4);
+const done = arguments[arguments.length - 1];
+fetch(path, {method, credentials: "same-origin",
+             headers: {"Content-Type": "application/json", ...headers},
+             body: body === null || method === "GET" ? undefined : JSON.stringify(body)})
+  .then(async (r) => done({status: r.status, text: await r.text()}))
+  .catch((e) => done({status: 0, text: String(e)}));
+"""
+
+
+def page_fetch(driver: webdriver.Chrome, method: str, path: str, body: Any = None,
+               headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """A request from the page itself (its cookies, its origin): ``{status, text}``."""
+    result: dict[str, Any] = driver.execute_async_script(FETCH, method, path, body, headers or {})
+    return result
+
+
+def csrf_of(driver: webdriver.Chrome) -> str:
+    return str(driver.execute_script(
+        'return document.querySelector(\'meta[name="csrf-token"]\').content'))
+
+
+@contextlib.asynccontextmanager
+async def kept_on_failure(driver: webdriver.Chrome, where: Path) -> AsyncIterator[None]:
+    """On any failure inside, keep a screenshot and the HTML of the page in ``where`` (and say
+    so on standard error, shown with the failure)."""
+    try:
+        yield
+    except BaseException:
+        await asyncio.to_thread(where.mkdir, parents=True, exist_ok=True)
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(driver.save_screenshot, str(where / "page.png"))
+            (where / "page.html").write_text(await asyncio.to_thread(lambda: driver.page_source))
+        print(f"kept the page (page.png, page.html) in {where}", file=sys.stderr)
+        raise
