@@ -108,10 +108,27 @@ class ResolutionTooComplex(ServiceError):
     code, status, default_message = "resolution_too_complex", 422, "The check exceeded the resolution depth limit."
 
 
-class RevisionNotReached(ServiceError):
-    """``consistency.at_least_revision`` was not reached within the wait bound."""
+class RevisionAhead(ServiceError):
+    """``consistency.at_least_revision`` is beyond the store's committed head in PostgreSQL: no
+    wait makes it true (SpiceDB's FailedPrecondition for a revision in the future).
+    ``details.requested`` is the revision asked for, ``details.current`` the store's head."""
 
-    code, status, default_message = "revision_not_reached", 503, "The requested revision is not available yet."
+    code, status, default_message = (
+        "revision_ahead", 400,
+        "The requested revision is beyond the store's latest revision; ask for one a write "
+        "returned.")
+
+
+class RevisionNotReached(ServiceError):
+    """``consistency.at_least_revision`` is committed (or could not be told apart from one, with
+    PostgreSQL unreachable) but this engine had not followed it when its wait
+    (``SERVICE_CONSISTENCY_TIMEOUT_MS``) ended; ``details.requested`` and ``details.current``
+    (the revision this engine has). Retry: another attempt, or another engine, will have it."""
+
+    code, status, default_message = (
+        "revision_not_reached", 503,
+        "The requested revision is committed but not followed by this engine yet; retry.")
+    retry_after = 1  # the follower applies a write within milliseconds; a trailing one soon after
 
 
 class IdempotencyKeyReused(ServiceError):

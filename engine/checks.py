@@ -30,12 +30,24 @@ in ``{"results": [...], "revision", "request_id"}``; each result is an answer as
 Errors (the envelope of ``common.http``): ``missing_api_key``/``invalid_api_key`` 401,
 ``insufficient_scope`` 403 (``authz:check``), ``invalid_request`` 400 with ``details.fields``
 (unknown fields are rejected), ``store_not_found`` 404 (also for another project's store),
-``resolution_too_complex`` 422 with ``details.max_depth``, ``revision_not_reached`` 503 with
+``resolution_too_complex`` 422 with ``details.max_depth``, ``revision_ahead`` 400 and
+``revision_not_reached`` 503 (with ``Retry-After``), both with
 ``details.requested``/``details.current``, ``not_ready`` 503 while the stores are still loading.
+
+``consistency.at_least_revision`` (DESIGN.md's codes): at or below what this engine has, nothing
+to do; above it, a revision the store has never reached (beyond ``stores.revision``, its committed
+head in PostgreSQL, read by one primary-key lookup unless a notification already said the
+revision exists) is ``revision_ahead`` at once, with the head as ``details.current``: no wait
+makes it true. A committed one is waited for, on the follower's progress, up to
+``SERVICE_CONSISTENCY_TIMEOUT_MS`` in all, then ``revision_not_reached`` with this engine's
+revision as ``details.current``: another engine (or this one a moment later) has it. With
+PostgreSQL unreachable the head cannot be read, so the wait decides alone.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any, Final
 
 import orjson
@@ -47,6 +59,7 @@ from common.errors import (
     InvalidRequest,
     NotReady,
     ResolutionTooComplex,
+    RevisionAhead,
     RevisionNotReached,
     ServiceError,
     StoreNotFound,
@@ -64,14 +77,16 @@ from common.tuples import (
 )
 from engine import graph
 from engine.appkeys import STORES
-from engine.registry import LoadedStore
+from engine.registry import LoadedStore, StoreRegistry
 from engine.schemas import MAX_BATCH, BatchCheckRequest, BatchCheckResult, CheckRequest, CheckResult
 
 __all__ = ["batch_check", "check", "routes"]
 
+log = logging.getLogger("authio.engine.checks")
+
 SCOPE: Final = "authz:check"
 routes = RouteTable("checks", "Permission checks, answered from memory by the engine.")
-_ERRORS: Final = (StoreNotFound, NotReady, RevisionNotReached)
+_ERRORS: Final = (StoreNotFound, NotReady, RevisionAhead, RevisionNotReached)
 
 _CHECK_FIELDS: Final = frozenset({"tuple_key", "consistency"})
 _BATCH_FIELDS: Final = frozenset({"checks", "consistency"})
@@ -223,17 +238,52 @@ def _timeout_s(request: web.Request) -> float:
     return request.app[SETTINGS].consistency_timeout_ms / 1000
 
 
+async def _committed(registry: StoreRegistry, store: LoadedStore, revision: int,
+                     timeout_s: float) -> int | None:
+    """A revision of ``store`` known committed that is at least ``revision`` when there is one,
+    else the store's committed head (below ``revision``: the caller's ``revision_ahead``), or
+    None when PostgreSQL could not tell within ``timeout_s`` seconds (then only the wait can).
+    Raises StoreNotFound when the store was deleted meanwhile. Reads PostgreSQL only when
+    ``revision`` is above :meth:`StoreRegistry.heard`."""
+    heard = registry.heard(store)
+    if revision <= heard:
+        return heard
+    try:
+        head = await registry.head(store.id, timeout_s)
+    except Exception as exc:  # PostgreSQL unreachable or slow: whether it exists is unknown
+        log.debug("head of store %s unknown (%s); waiting for the follower", store.id,
+                  type(exc).__name__)
+        return None
+    if head is None:
+        raise StoreNotFound()
+    return head
+
+
 async def _reach(request: web.Request, store: LoadedStore, revision: int | None) -> None:
-    """Wait (bounded) until ``store`` reflects ``revision``; raises RevisionNotReached."""
+    """Wait (bounded) until ``store`` reflects ``revision``; raises RevisionAhead at once for a
+    revision beyond the store's committed head, RevisionNotReached when the bound ends first."""
     if revision is None or store.revision >= revision:
         return
-    if not await request.app[STORES].wait_for(store, revision, _timeout_s(request)):
+    registry, timeout_s = request.app[STORES], _timeout_s(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    committed = await _committed(registry, store, revision, timeout_s)
+    if committed is not None and committed < revision:
+        raise _ahead(revision, committed)
+    if not await registry.wait_for(store, revision, max(deadline - loop.time(), 0.0)):
         raise _not_reached(revision, store.revision)
+
+
+def _ahead(requested: int, head: int) -> RevisionAhead:
+    return RevisionAhead(
+        f"Revision {requested} does not exist: the store's latest revision is {head}.",
+        details={"requested": requested, "current": head},
+    )
 
 
 def _not_reached(requested: int, current: int) -> RevisionNotReached:
     return RevisionNotReached(
-        f"Revision {requested} is not available yet; the store is at {current}.",
+        f"Revision {requested} is not available on this engine yet; it is at {current}. Retry.",
         details={"requested": requested, "current": current},
     )
 
@@ -270,8 +320,13 @@ async def check(request: web.Request) -> web.Response:
     """Check one permission: does the user have the relation on the object?
 
     Answered from the engine's memory at the store's current revision, or at least at
-    ``consistency.at_least_revision`` (waiting up to a bound). ``resolution_path`` says why an
-    answer is yes; a check that hits the depth cap is ``resolution_too_complex``, never a no.
+    ``consistency.at_least_revision``: a revision a write returned is waited for up to
+    ``SERVICE_CONSISTENCY_TIMEOUT_MS`` (2 s), then ``revision_not_reached`` (503, with
+    ``Retry-After``: retry, this engine or another will have it); a revision beyond the store's
+    latest is ``revision_ahead`` (400) at once, since no wait makes it exist. Both say
+    ``details.requested`` and ``details.current`` (the store's latest revision for
+    ``revision_ahead``, this engine's for ``revision_not_reached``). ``resolution_path`` says why
+    an answer is yes; a check that hits the depth cap is ``resolution_too_complex``, never a no.
     While PostgreSQL is unreachable the engine keeps answering from memory at the last revision
     it has, marked ``stale`` (and ``X-Authio-Stale: true``); a revision it has not reached is
     ``revision_not_reached``."""
@@ -306,9 +361,11 @@ async def batch_check(request: web.Request) -> web.Response:
     """Check up to 1,000 permissions in one call, answered in order at one revision.
 
     Authentication, scope, the envelope, the store and the top-level ``consistency`` fail the
-    whole call; a bad item (invalid tuple or fields, depth cap hit, its own
-    ``consistency.at_least_revision`` not reached in time) only gets an ``error`` result.
-    All items are answered at one revision.
+    whole call (``revision_ahead`` 400, ``revision_not_reached`` 503 with ``Retry-After``, as for
+    a single check); a bad item (invalid tuple or fields, depth cap hit, its own
+    ``consistency.at_least_revision`` beyond the store's latest revision or not reached in
+    time) only gets an ``error`` result with the same codes. All items are answered at one
+    revision, after one bounded wait for the highest revision asked.
     """
     principal = await _principal(request)
     items, at_least = _parse_batch(await read_json(request, allow_nul=True))
@@ -335,8 +392,19 @@ async def batch_check(request: web.Request) -> web.Response:
         append(one)
         if one[3] is not None and one[3] > wanted:
             wanted = one[3]
+    committed = -1  # a revision known committed (the head when one was asked beyond it)
     if wanted > store.revision:  # one bounded wait covers the call's and every item's revision
-        await request.app[STORES].wait_for(store, wanted, _timeout_s(request))
+        registry, timeout_s = request.app[STORES], _timeout_s(request)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        known = await _committed(registry, store, wanted, timeout_s)
+        if known is not None:
+            committed = known
+            if at_least is not None and at_least > known:
+                raise _ahead(at_least, known)
+            wanted = min(wanted, known)  # waiting for more would not bring it
+        if wanted > store.revision:
+            await registry.wait_for(store, wanted, max(deadline - loop.time(), 0.0))
         if at_least is not None and store.revision < at_least:
             raise _not_reached(at_least, store.revision)
     max_depth = request.app[SETTINGS].check_max_depth
@@ -351,7 +419,8 @@ async def batch_check(request: web.Request) -> web.Response:
         if isinstance(p, InvalidRequest):
             add(_item_error(p))
         elif p[3] is not None and p[3] > revision:
-            add(_item_error(_not_reached(p[3], revision)))
+            add(_item_error(_ahead(p[3], committed) if 0 <= committed < p[3]
+                            else _not_reached(p[3], revision)))
         else:
             try:
                 res = check_(g, p[0], p[1], p[2], max_depth)  # (by position: no keyword matching)

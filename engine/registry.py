@@ -67,6 +67,7 @@ much longer: a silent listener would then go unnoticed for as long)."""
 
 _STORES_SQL: Final = "SELECT id, project_id, revision FROM stores"
 _STORE_SQL: Final = "SELECT project_id, revision FROM stores WHERE id = $1"
+_HEAD_SQL: Final = "SELECT revision FROM stores WHERE id = $1"  # the primary key
 # The node key "object#relation" is joined here, not per row in Python (StoreGraph.load_nodes).
 _ALL_TUPLES_SQL: Final = "SELECT store_id, object || '#' || relation, subject FROM tuples"
 _STORE_TUPLES_SQL: Final = (
@@ -226,6 +227,8 @@ class StoreRegistry:
         self._loads: dict[str, asyncio.Task[LoadedStore | None]] = {}
         self._load_hint: dict[str, int] = {}  # store being loaded -> highest revision heard of
         self._catch_ups: dict[str, asyncio.Task[None]] = {}
+        self._heard: dict[str, int] = {}  # store -> a revision known committed (not applied yet)
+        self._heads: dict[str, asyncio.Task[int | None]] = {}  # head lookups in flight
         self._dirty: set[str] = set()
         self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = {}
         self._early: dict[str, int] | None = {}  # notifications heard before the snapshot
@@ -332,10 +335,57 @@ class StoreRegistry:
                     del self._waiters[store.id]
         return store.revision >= revision
 
+    def heard(self, store: LoadedStore) -> int:
+        """The highest revision of ``store`` known to be committed, without any I/O: what it
+        reflects, or more when a notification, a poll or a :meth:`head` lookup said so. A revision
+        at or below it needs only a wait (:meth:`wait_for`); above it, :meth:`head` tells whether
+        it exists at all."""
+        heard = self._heard.get(store.id, -1)
+        return heard if heard > store.revision else store.revision
+
+    async def head(self, store_id: str, timeout_s: float) -> int | None:
+        """The store's committed revision as PostgreSQL has it now (``stores.revision``, one
+        primary-key lookup), or None when the store no longer exists. Asked only for a revision
+        above :meth:`heard`, never on a check's usual path; concurrent lookups of one store share
+        one query, and the answer raises what :meth:`heard` returns.
+
+        Raises TimeoutError after ``timeout_s`` seconds (the query goes on for the other callers
+        and is then cancelled by its own bound), asyncpg and OSError errors when PostgreSQL
+        cannot be read."""
+        task = self._heads.get(store_id)
+        if task is None:
+            task = asyncio.create_task(self._read_head(store_id, timeout_s),
+                                       name=f"engine-head-{store_id}")
+            self._heads[store_id] = task
+            task.add_done_callback(functools.partial(self._head_done, store_id))
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.shield(task)
+
+    async def _read_head(self, store_id: str, timeout_s: float) -> int | None:
+        async with asyncio.timeout(max(timeout_s, self._contact_timeout)):
+            revision: int | None = await self._pool.fetchval(_HEAD_SQL, store_id)
+        if revision is not None:
+            self._hear(store_id, revision)
+        return revision
+
+    def _head_done(self, store_id: str, task: asyncio.Task[int | None]) -> None:
+        if self._heads.get(store_id) is task:
+            del self._heads[store_id]
+        if not task.cancelled():
+            task.exception()  # retrieved: each caller got it (or timed out first)
+
+    def _hear(self, store_id: str, revision: int) -> None:
+        """Remember that ``store_id`` has committed ``revision`` (for a store in memory)."""
+        store = self._stores.get(store_id)
+        if store is not None and revision > store.revision and revision > self._heard.get(
+                store_id, -1):
+            self._heard[store_id] = revision
+
     async def close(self) -> None:
         """Cancel every task, wake every waiter and close the listener connection."""
         self._closed = True
-        tasks = [*self._tasks, *self._catch_ups.values(), *self._loads.values()]
+        tasks = [*self._tasks, *self._catch_ups.values(), *self._loads.values(),
+                 *self._heads.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -513,6 +563,7 @@ class StoreRegistry:
         store = self._stores.get(store_id)
         if store is not None:
             if revision > store.revision:
+                self._hear(store_id, revision)
                 self._request_catch_up(store_id)
             return
         self._missing.pop(store_id, None)  # it exists now, whatever we remembered
@@ -620,6 +671,7 @@ class StoreRegistry:
                 self._missing.pop(store_id, None)
                 pending.append(self._request_load(store_id, row["revision"]))
             elif row["revision"] > store.revision:
+                self._hear(store_id, row["revision"])
                 pending.append(self._request_catch_up(store_id))
         for store_id in known_before - seen:
             self._forget(store_id)
@@ -631,6 +683,7 @@ class StoreRegistry:
                 raise RuntimeError(f"{len(failed)} store loads or catch-ups failed") from failed[0]
 
     def _forget(self, store_id: str) -> None:
+        self._heard.pop(store_id, None)
         store = self._stores.pop(store_id, None)
         if store is not None:
             log.info("engine dropped deleted store %s", store_id)
@@ -689,6 +742,8 @@ class StoreRegistry:
             elif op == "delete":
                 remove(row["object"], row["relation"], row["subject"])
         store.revision = target
+        if self._heard.get(store_id, -1) <= target:
+            self._heard.pop(store_id, None)
         self._wake(store)
 
     def _wake(self, store: LoadedStore) -> None:

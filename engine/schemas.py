@@ -23,7 +23,9 @@ MAX_BATCH = 1000
 
 class Consistency(RequestModel):
     """``at_least_revision``: answer at this store revision or a later one (a write's
-    ``revision``), waiting up to ``SERVICE_CONSISTENCY_TIMEOUT_MS``."""
+    ``revision``), waiting up to ``SERVICE_CONSISTENCY_TIMEOUT_MS`` for the engine to follow it
+    (then 503 ``revision_not_reached`` with ``Retry-After``); a revision beyond the store's latest
+    is 400 ``revision_ahead`` at once."""
 
     at_least_revision: Annotated[int, Field(ge=0)] | None = None
 

@@ -534,10 +534,11 @@ async def test_http_consistency_and_depth(pool: asyncpg.Pool, engine_api: Engine
     status, body, _ = await engine_api.post(
         path, {**tk("doc:1", "viewer", "user:ann"), "consistency": {"at_least_revision": revision}})
     assert (status, body["allowed"], body["revision"]) == (200, True, revision)
-    status, body, _ = await engine_api.post(
+    status, body, headers = await engine_api.post(
         path, {**tk("doc:1", "viewer", "user:ann"), "consistency": {"at_least_revision": 99}})
-    assert (status, body["error"]["code"]) == (503, "revision_not_reached")
+    assert (status, body["error"]["code"]) == (400, "revision_ahead")
     assert body["error"]["details"] == {"requested": 99, "current": revision}
+    assert "Retry-After" not in headers
 
     chain = [(f"group:{i}", "member", f"group:{i + 1}#member") for i in range(30)]
     revision = await write(pool, store_id, writes=[*chain, ("group:30", "member", "user:deep")])
@@ -545,6 +546,65 @@ async def test_http_consistency_and_depth(pool: asyncpg.Pool, engine_api: Engine
         path, {**tk("group:0", "member", "user:deep"), "consistency": {"at_least_revision": revision}})
     assert (status, body["error"]["code"]) == (422, "resolution_too_complex")
     assert body["error"]["details"] == {"max_depth": 25}
+
+
+async def test_http_revision_not_reached_while_the_follower_is_held(
+        pool: asyncpg.Pool, engine_api: EngineApi) -> None:
+    """A committed revision the engine cannot follow in time is 503 ``revision_not_reached``
+    with ``Retry-After`` after the wait (300 ms here), never ``revision_ahead``; a revision past
+    the head is still 400 at once meanwhile: the head is read apart from the follower.
+
+    The follower is held for real: the write commits without a notification (the poll is off),
+    then a transaction holds ``tuple_changes`` in ACCESS EXCLUSIVE mode, so the catch-up's read
+    of the log waits on PostgreSQL's lock while ``stores`` (the head) stays readable."""
+    store_id = await create_store(pool, tuples=[("doc:1", "viewer", "user:ann")])
+    path = f"/v1/stores/{store_id}/check"
+    status, body, _ = await engine_api.post(
+        path, {**tk("doc:1", "viewer", "user:ann"), "consistency": {"at_least_revision": 1}})
+    assert (status, body["revision"]) == (200, 1), body
+    revision = await write(pool, store_id, writes=[("doc:2", "viewer", "user:ann")], notify=False)
+    ask = {**tk("doc:2", "viewer", "user:ann"), "consistency": {"at_least_revision": revision}}
+    async with pool.acquire() as conn:
+        held = conn.transaction()
+        await held.start()
+        try:
+            await conn.execute("LOCK TABLE tuple_changes IN ACCESS EXCLUSIVE MODE")
+            started = time.perf_counter()
+            status, body, headers = await engine_api.post(path, ask)
+            elapsed = time.perf_counter() - started
+            assert (status, body["error"]["code"]) == (503, "revision_not_reached"), body
+            assert body["error"]["details"] == {"requested": revision, "current": 1}
+            assert headers["Retry-After"] == "1"
+            assert 0.25 < elapsed < 1.5, elapsed  # the 300 ms wait, not an instant refusal
+            started = time.perf_counter()
+            status, body, _ = await engine_api.post(
+                path, {**ask, "consistency": {"at_least_revision": revision + 1}})
+            assert (status, body["error"]["code"]) == (400, "revision_ahead"), body
+            assert body["error"]["details"] == {"requested": revision + 1, "current": revision}
+            assert time.perf_counter() - started < 0.25
+            # batch: the call's own revision fails the call; an item's, that item
+            status, body, headers = await engine_api.post(
+                f"/v1/stores/{store_id}/batch-check",
+                {"checks": [tk("doc:1", "viewer", "user:ann"), ask]})
+            assert status == 200, body
+            assert body["results"][0]["allowed"] is True and body["revision"] == 1
+            assert body["results"][1]["error"]["code"] == "revision_not_reached", body
+            status, body, headers = await engine_api.post(
+                f"/v1/stores/{store_id}/batch-check",
+                {"checks": [tk("doc:1", "viewer", "user:ann")],
+                 "consistency": {"at_least_revision": revision}})
+            assert (status, body["error"]["code"]) == (503, "revision_not_reached"), body
+            assert headers["Retry-After"] == "1"
+            # A check waiting when the follower moves is answered then, within its wait.
+            waiting = asyncio.create_task(engine_api.post(path, ask))
+            await asyncio.sleep(0.1)
+            assert not waiting.done()
+        finally:
+            await held.rollback()
+    status, body, _ = await waiting
+    assert (status, body["allowed"], body["revision"]) == (200, True, revision), body
+    status, body, _ = await engine_api.post(path, ask)
+    assert (status, body["allowed"], body["revision"]) == (200, True, revision), body
 
 
 async def test_http_batch_check(pool: asyncpg.Pool, engine_api: EngineApi) -> None:
@@ -564,7 +624,8 @@ async def test_http_batch_check(pool: asyncpg.Pool, engine_api: EngineApi) -> No
     assert r[1]["error"]["code"] == "invalid_request"
     assert r[1]["error"]["details"]["fields"][0]["field"] == "tuple_key.user"
     assert r[2]["error"]["details"]["fields"][0]["field"] == "checks[2]"
-    assert r[3]["error"]["code"] == "revision_not_reached"
+    assert r[3]["error"] == {"code": "revision_ahead", "message": r[3]["error"]["message"],
+                             "details": {"requested": 50, "current": 1}}
     assert r[4]["error"] == {"code": "resolution_too_complex", "message": r[4]["error"]["message"],
                              "details": {"max_depth": 25}}
     assert r[5]["allowed"] is False
@@ -576,4 +637,5 @@ async def test_http_batch_check(pool: asyncpg.Pool, engine_api: EngineApi) -> No
         assert (status, body["error"]["code"]) == (400, "invalid_request"), bad
     status, body, _ = await engine_api.post(
         path, {"checks": [checks[0]], "consistency": {"at_least_revision": 50}})
-    assert (status, body["error"]["code"]) == (503, "revision_not_reached")
+    assert (status, body["error"]["code"]) == (400, "revision_ahead")
+    assert body["error"]["details"] == {"requested": 50, "current": 1}
