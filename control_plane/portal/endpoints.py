@@ -87,7 +87,7 @@ class PortalCall(Call):
 
 
 @dataclass(frozen=True)
-class PortalSession:
+class PortalSessionCookie:
     """The portal session's cookie (``service_portal_session``). Raises TokenInvalidOrExpired
     (no cookie, an unknown or ended session), Forbidden (an unsafe call a browser says came
     from another origin)."""
@@ -105,7 +105,7 @@ class PortalSession:
         return PortalCall(request, actor, session=session)
 
 
-SESSION: Final = PortalSession()
+SESSION: Final = PortalSessionCookie()
 
 
 # --- links -------------------------------------------------------------------------------------
