@@ -22,7 +22,6 @@ import contextlib
 import re
 import shlex
 import shutil
-import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -32,18 +31,18 @@ from urllib.parse import urlencode
 
 import pytest
 import pytest_asyncio
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 from selenium import webdriver
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
-from common.http import EnvelopeRunner
 from common.settings import Settings
 from devtools import DevServicesError
+from tests.fixtures.browser import kept_on_failure
 from tests.fixtures.installs import debian_packages
-from tests.fixtures.service import Api, Project, combined_app, eventually, free_ports, wait_ready
+from tests.fixtures.service import Api, Project, eventually, serving_public
 from tests.imports.helpers import AUTHIO, cli_env, text_and_mode
 
 KEY_LABEL = "Your project's full-access API key"
@@ -92,6 +91,11 @@ class Terminal:
     async def screen(self) -> str:
         """What the pane shows, wrapped lines joined."""
         return await self.run("capture-pane", "-p", "-J", "-t", self.name)
+
+    async def keep_screen(self, where: Path) -> str:
+        """Keep the screen as ``where/terminal.txt`` (for ``kept_on_failure``)."""
+        (where / "terminal.txt").write_text(await self.screen())
+        return "the terminal (terminal.txt)"
 
     async def shows(self, text: str, *, within: float = 30.0) -> str:
         """The screen once it shows ``text``; fails the test after ``within`` seconds."""
@@ -157,18 +161,8 @@ async def public_service(settings_factory: Callable[..., Settings],
                          http: ClientSession) -> AsyncIterator[Api]:
     """The whole service on a loopback port with ``SERVICE_BASE_URL`` naming that port, so the
     links it gives (``verification_uri_complete``) lead to it."""
-    port = free_ports(1)[0]
-    base = f"http://127.0.0.1:{port}"
-    runner = EnvelopeRunner(combined_app(settings_factory(base_url=base, port=port)),
-                            access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        api = Api(http, base)
-        await wait_ready(api)
+    async with serving_public(http, settings_factory) as api:
         yield api
-    finally:
-        await runner.cleanup()
 
 
 # --- the approval page in the browser ------------------------------------------------------------
@@ -225,25 +219,6 @@ def _decide(driver: webdriver.Chrome, url: str, key: str, button: str) -> Page:
     return Page(code_value, focused_on_load, labels, order, status, _console(driver))
 
 
-@contextlib.asynccontextmanager
-async def kept_on_failure(driver: webdriver.Chrome, term: Terminal,
-                          where: Path) -> AsyncIterator[None]:
-    """On any failure inside, keep a screenshot and the HTML of the page and the terminal's
-    screen in ``where`` (and say so on standard error, shown with the failure)."""
-    try:
-        yield
-    except BaseException:
-        await asyncio.to_thread(where.mkdir, parents=True, exist_ok=True)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(driver.save_screenshot, str(where / "page.png"))
-            (where / "page.html").write_text(await asyncio.to_thread(lambda: driver.page_source))
-        with contextlib.suppress(Exception):
-            (where / "terminal.txt").write_text(await term.screen())
-        print(f"kept the page (page.png, page.html) and the terminal (terminal.txt) in {where}",
-              file=sys.stderr)
-        raise
-
-
 def _page_checks(page: Page, code: str) -> None:
     """What holds on the page whatever the operator decides."""
     assert page.code_value == code  # filled in from the link
@@ -263,7 +238,7 @@ async def test_login_approved_in_the_browser(public_service: Api, project: Proje
     config = tmp_path / "config"
     async with terminal(tmp_path, login_command(config, public_service.base_url),
                         cli_env(config)) as term, \
-            kept_on_failure(browser, term, tmp_path / "failure"):
+            kept_on_failure(browser, tmp_path / "failure", also=term.keep_screen):
         code, link = await code_and_link(term)
         assert link == f"{public_service.base_url}/device?{urlencode({'user_code': code})}"
         page = await asyncio.to_thread(_decide, browser, link, project.key, "approve")
@@ -286,7 +261,7 @@ async def test_login_denied_in_the_browser(public_service: Api, project: Project
     config = tmp_path / "config"
     async with terminal(tmp_path, login_command(config, public_service.base_url),
                         cli_env(config)) as term, \
-            kept_on_failure(browser, term, tmp_path / "failure"):
+            kept_on_failure(browser, tmp_path / "failure", also=term.keep_screen):
         code, link = await code_and_link(term)
         page = await asyncio.to_thread(_decide, browser, link, project.key, "deny")
         _page_checks(page, code)

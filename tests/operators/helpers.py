@@ -9,13 +9,10 @@ Selenium is synchronous: the browser helpers here are plain functions the tests 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import secrets
-import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -188,18 +185,3 @@ def page_fetch(driver: webdriver.Chrome, method: str, path: str, body: Any = Non
 def csrf_of(driver: webdriver.Chrome) -> str:
     return str(driver.execute_script(
         'return document.querySelector(\'meta[name="csrf-token"]\').content'))
-
-
-@contextlib.asynccontextmanager
-async def kept_on_failure(driver: webdriver.Chrome, where: Path) -> AsyncIterator[None]:
-    """On any failure inside, keep a screenshot and the HTML of the page in ``where`` (and say
-    so on standard error, shown with the failure)."""
-    try:
-        yield
-    except BaseException:
-        await asyncio.to_thread(where.mkdir, parents=True, exist_ok=True)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(driver.save_screenshot, str(where / "page.png"))
-            (where / "page.html").write_text(await asyncio.to_thread(lambda: driver.page_source))
-        print(f"kept the page (page.png, page.html) in {where}", file=sys.stderr)
-        raise

@@ -24,6 +24,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.fixtures.browser import kept_on_failure
 from tests.fixtures.database import events
 from tests.fixtures.service import assert_error, eventually
 from tests.operators.helpers import (
@@ -34,7 +35,6 @@ from tests.operators.helpers import (
     dom_interactive,
     follow_link,
     fresh,
-    kept_on_failure,
     mailed_link,
     open_page,
     page_fetch,

@@ -8,12 +8,11 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import pytest_asyncio
-from aiohttp import ClientSession, web
+from aiohttp import ClientSession
 
-from common.http import EnvelopeRunner
 from common.settings import Settings
 from tests.fixtures.dns import Zone, dns_server
-from tests.fixtures.service import Api, Project, bootstrap_project, combined_app, free_ports, wait_ready
+from tests.fixtures.service import Api, Project, bootstrap_project, serving_public
 
 
 @pytest.fixture(scope="session")
@@ -31,18 +30,8 @@ def dns_address(zone: Zone) -> Iterator[str]:
 @pytest_asyncio.fixture(scope="session")
 async def portal_service(settings_factory: Callable[..., Settings], http: ClientSession,
                          dns_address: str) -> AsyncIterator[Api]:
-    port = free_ports(1)[0]
-    base = f"http://127.0.0.1:{port}"
-    settings = settings_factory(base_url=base, port=port, dns_resolver=dns_address)
-    runner = EnvelopeRunner(combined_app(settings), access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        api = Api(http, base)
-        await wait_ready(api)
+    async with serving_public(http, settings_factory, dns_resolver=dns_address) as api:
         yield api
-    finally:
-        await runner.cleanup()
 
 
 @pytest_asyncio.fixture

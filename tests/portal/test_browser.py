@@ -13,9 +13,8 @@ When a test fails, a screenshot of the page and its HTML are kept in the test's 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import WebDriverWait
 
+from tests.fixtures.browser import kept_on_failure
 from tests.fixtures.database import events
 from tests.fixtures.dns import Zone
 from tests.fixtures.identity import make_org
@@ -37,21 +37,6 @@ const nav = performance.getEntriesByType("navigation")[0];
 return {interactive: nav.domInteractive, content_loaded: nav.domContentLoadedEventEnd,
         ready: Number(document.documentElement.dataset.ready)};
 """
-
-
-@contextlib.asynccontextmanager
-async def kept_on_failure(driver: webdriver.Chrome, where: Path) -> AsyncIterator[None]:
-    """On any failure inside, keep a screenshot and the HTML of the page in ``where`` (and say
-    so on standard error, shown with the failure)."""
-    try:
-        yield
-    except BaseException:
-        await asyncio.to_thread(where.mkdir, parents=True, exist_ok=True)
-        with contextlib.suppress(Exception):
-            await asyncio.to_thread(driver.save_screenshot, str(where / "page.png"))
-            (where / "page.html").write_text(await asyncio.to_thread(lambda: driver.page_source))
-        print(f"kept the page (page.png, page.html) in {where}", file=sys.stderr)
-        raise
 
 
 def _console(driver: webdriver.Chrome) -> list[dict[str, Any]]:
