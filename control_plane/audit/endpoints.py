@@ -13,7 +13,6 @@ from typing import Final
 from aiohttp import web
 
 from common.errors import InvalidRequest, NotFound
-from common.http import request_id
 from common.routing import Reply, RouteTable
 from control_plane.appkeys import CURSOR_SECRET, KMS
 from control_plane.audit import service
@@ -34,7 +33,7 @@ from control_plane.web import auth
 from control_plane.web.actor import Call
 from control_plane.web.endpoint import endpoint
 from control_plane.web.pagination import Listing, Page, PageQuery
-from control_plane.web.streaming import stream_body
+from control_plane.web.streaming import stream_body, streamed_response
 
 log = logging.getLogger("authio.audit")
 
@@ -67,16 +66,8 @@ async def get_audit_events(call: Call, query: EventsQuery) -> web.Response:
 async def _export(call: Call, query: ExportQuery, fmt: service.ExportFormat,
                   content_type: str) -> web.StreamResponse:
     request = call.request
-    now = datetime.now(UTC)
-    response = web.StreamResponse(headers={
-        "X-Request-Id": request_id(request),
-        "Cache-Control": "no-store",
-        "Content-Disposition": (f'attachment; filename="audit-events-{call.project_id}-'
-                                f'{now:%Y%m%dT%H%M%SZ}.{fmt}"'),
-    })
-    response.content_type = content_type
-    if fmt == "csv":
-        response.charset = "utf-8"
+    response = streamed_response(request, content_type,
+                                 filename=service.export_filename(call.project_id, fmt))
     async with service.open_export(call.pool, _listing(call), query, fmt) as export:
         if export.next_cursor is not None:
             response.headers["Service-Next-Cursor"] = export.next_cursor

@@ -38,7 +38,7 @@ import io
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Literal
 
 import asyncpg
@@ -305,6 +305,11 @@ class Export:
 
     next_cursor: str | None
     chunks: AsyncIterator[bytes]
+
+
+def export_filename(project_id: str, fmt: ExportFormat) -> str:
+    """An export's file name: ``audit-events-<project>-<UTC time, ISO 8601 basic>.<fmt>``."""
+    return f"audit-events-{project_id}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}.{fmt}"
 
 
 @contextlib.asynccontextmanager

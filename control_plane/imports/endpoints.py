@@ -9,7 +9,6 @@ from typing import Any, Final
 from aiohttp import web
 
 from common.errors import InsufficientScope, InvalidRequest, NotFound, ServiceUnavailable
-from common.http import request_id
 from common.routing import Reply, RouteTable
 from common.schemas import M, parse_body, parse_model
 from control_plane.appkeys import KMS
@@ -30,7 +29,7 @@ from control_plane.web import auth
 from control_plane.web.actor import Call
 from control_plane.web.endpoint import endpoint
 from control_plane.web.pages import page
-from control_plane.web.streaming import stream_body
+from control_plane.web.streaming import stream_body, streamed_response
 
 log = logging.getLogger("authio.imports")
 
@@ -150,9 +149,7 @@ async def get_import_credential_export(call: Call) -> web.StreamResponse:
     chunks = service.open_export(call.pool, call.project_id,
                                  credential_id=call.path("credential_id"),
                                  kms=call.app[KMS], settings=call.settings)
-    response = web.StreamResponse(headers={"X-Request-Id": request_id(call.request),
-                                           "Cache-Control": "no-store"})
-    response.content_type = "application/json"
+    response = streamed_response(call.request, "application/json")
     return await stream_body(call.request, response, chunks, what="live import export",
                              logger=log)
 

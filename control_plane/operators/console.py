@@ -28,7 +28,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from aiohttp import web
@@ -49,7 +48,6 @@ from common.errors import (
     ServiceError,
     ServiceUnavailable,
 )
-from common.http import request_id
 from common.routing import Reply, RouteTable, Security
 from common.schemas import parse_model
 from common.settings import Settings
@@ -84,7 +82,7 @@ from control_plane.web.cookies import secure_cookies
 from control_plane.web.endpoint import endpoint
 from control_plane.web.pages import page
 from control_plane.web.pagination import Listing, PageQuery
-from control_plane.web.streaming import stream_body
+from control_plane.web.streaming import stream_body, streamed_response
 
 log = logging.getLogger("authio.console")
 
@@ -532,16 +530,8 @@ async def _export(call: ConsoleCall, query: AuditPageQuery, fmt: audit.ExportFor
         raise NotFound("This tenant has no project.")
     export_query: ExportQuery = parse_model(ExportQuery, {
         k: v for k, v in {**_filters(query), "cursor": query.cursor}.items() if v is not None})
-    now = datetime.now(UTC)
-    response = web.StreamResponse(headers={
-        "X-Request-Id": request_id(call.request),
-        "Cache-Control": "no-store",
-        "Content-Disposition": (f'attachment; filename="audit-events-{project.id}-'
-                                f'{now:%Y%m%dT%H%M%SZ}.{fmt}"'),
-    })
-    response.content_type = content_type
-    if fmt == "csv":
-        response.charset = "utf-8"
+    response = streamed_response(call.request, content_type,
+                                 filename=audit.export_filename(project.id, fmt))
     finish(call, response)
     listing = audit.listing(project.id, call.app[CURSOR_SECRET])
     async with audit.open_export(call.pool, listing, export_query, fmt) as export:

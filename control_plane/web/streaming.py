@@ -11,6 +11,21 @@ from aiohttp import web
 from common.http import request_id
 
 
+def streamed_response(request: web.Request, content_type: str, *,
+                      filename: str | None = None) -> web.StreamResponse:
+    """The unprepared response of an export: ``content_type`` (text in UTF-8), never cached,
+    the request's ``X-Request-Id``, and ``Content-Disposition: attachment`` with ``filename``
+    when given. Fill with :func:`stream_body`."""
+    headers = {"X-Request-Id": request_id(request), "Cache-Control": "no-store"}
+    if filename is not None:
+        headers["Content-Disposition"] = f'attachment; filename="{filename}"'
+    response = web.StreamResponse(headers=headers)
+    response.content_type = content_type
+    if content_type.startswith("text/"):
+        response.charset = "utf-8"
+    return response
+
+
 async def stream_body(request: web.Request, response: web.StreamResponse,
                       chunks: AsyncIterable[bytes], *, what: str,
                       logger: logging.Logger) -> web.StreamResponse:
