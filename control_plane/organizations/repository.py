@@ -10,6 +10,7 @@ import asyncpg
 
 from common.db import Params
 from common.ids import new_id
+from control_plane.audit import service as audit
 from control_plane.organizations.schemas import Invitation, Membership, Organization, UserMembership
 
 ORG_COLUMNS: Final = "id, name, slug, metadata, created_at, updated_at"
@@ -134,6 +135,22 @@ async def insert_membership(conn: asyncpg.Connection, *, project_id: str, org_id
         new_id("mem"), project_id, org_id, user_id, role,
     )
     return membership(row) if row is not None else None
+
+
+def membership_from(source: str, p: Params) -> str:
+    """SQL (CTEs ``membership`` and ``membership_event``) making each user row of ``source`` (a
+    CTE of the same statement, column ``id``) an active member of the organization, with its
+    ``membership.created``, from the parameters of ``service.membership_params``: what
+    ``service.add_membership`` writes for a user the statement itself created (no membership
+    can exist yet; the organization's row is share-locked by the foreign key's check, which
+    fails the whole statement when the organization is gone)."""
+    return f"""membership AS (
+    INSERT INTO memberships (id, project_id, organization_id, user_id, role)
+    SELECT {p["membership_id"]}::text, {p["membership_project_id"]}::text,
+           {p["membership_organization_id"]}::text, {source}.id, {p["membership_role"]}::text
+    FROM {source}
+    RETURNING {MEMBERSHIP_COLUMNS}
+), membership_event AS ({audit.insert_from("membership", p, name="membership_event")})"""
 
 
 async def membership_of(conn: asyncpg.Connection, org_id: str, user_id: str, *,

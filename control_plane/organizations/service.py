@@ -146,6 +146,27 @@ async def list_organizations(pool: asyncpg.Pool, orgs: Listing,
 # --- memberships -------------------------------------------------------------------------------
 
 
+membership_from = repository.membership_from
+"""SQL: the CTEs making a user created by the same statement a member, with its
+``membership.created`` (``repository.membership_from``)."""
+
+
+def membership_params(actor: Actor, *, org_id: str, user_id: str,
+                      role: str) -> dict[str, object]:
+    """The named parameters of :data:`membership_from` for ``user_id`` (the id the statement
+    gives its new user): a new ``mem_`` id and the event :func:`add_membership` records."""
+    membership_id = new_id("mem")
+    return {
+        "membership_id": membership_id, "membership_project_id": _project(actor),
+        "membership_organization_id": org_id, "membership_role": role,
+        **audit.event_params(
+            actor, name="membership_event", action="membership.created",
+            target_type="membership", target_id=membership_id, user_id=user_id,
+            description=f"Added user {user_id} to organization {org_id} as {role}",
+            metadata={"organization_id": org_id, "role": role}),
+    }
+
+
 async def add_membership(conn: asyncpg.Connection, actor: Actor, *, org_id: str, user_id: str,
                          role: str) -> Membership:
     """Make ``user_id`` an active member of ``org_id`` with ``role`` and record

@@ -9,7 +9,10 @@ from typing import Any, Final
 
 import asyncpg
 
-from common.db import Params
+from common.db import Params, Statement
+from control_plane.audit import service as audit
+from control_plane.organizations import service as organizations
+from control_plane.users import service as users
 
 USER_NAME_INDEX: Final = "scim_users_user_name"
 DISPLAY_NAME_INDEX: Final = "scim_groups_display_name"
@@ -95,6 +98,43 @@ async def put_user(conn: asyncpg.Connection, *, org_id: str, user_id: str, user_
            SET user_name = EXCLUDED.user_name, external_id = EXCLUDED.external_id,
                resource = EXCLUDED.resource, updated_at = now()""",
         org_id, user_id, user_name, external_id, resource)
+
+
+def _provision_statement() -> Statement:
+    p = Params()
+    sql = f"""WITH {users.create_from(p)},
+{organizations.membership_from("u", p)},
+s AS (
+    INSERT INTO scim_users (organization_id, user_id, user_name, external_id, resource)
+    SELECT membership.organization_id, membership.user_id, {p["user_name"]}::text,
+           {p["external_id"]}::text, {p["resource"]}::jsonb
+    FROM membership
+    RETURNING resource, updated_at
+), scim_event AS ({audit.insert_from("s", p, name="scim_event")})
+SELECT membership.user_id AS id, membership.id AS membership_id, membership.status,
+       membership.created_at, greatest(membership.updated_at, u.updated_at, s.updated_at)
+       AS updated_at, u.email, u.name, true AS synced, s.resource AS doc
+FROM u, membership, s"""
+    return Statement(sql, p)
+
+
+PROVISION: Final = _provision_statement()
+"""A new user of the project made a member of the organization as the directory describes
+it, in one statement (one round trip, atomic without a transaction of its own): the user with
+its enrollment link, message and ``user.created`` (``users.create_from``), its membership and
+``membership.created`` (``organizations.membership_from``), what the directory said of it and
+``scim.user.synced`` (parameters ``scim_event_*``). When the project has a user with that
+e-mail address already, nothing is written and there is no row."""
+
+
+async def provision(conn: asyncpg.Connection | asyncpg.Pool,
+                    values: Mapping[str, object]) -> asyncpg.Record | None:
+    """Run :data:`PROVISION`: the member's row of the view (``USER_COLUMNS``' names), or None
+    when the e-mail address is an existing user's. Raises asyncpg.UniqueViolationError
+    (``USER_NAME_INDEX``: the ``userName`` is another member's), asyncpg.ForeignKeyViolationError
+    (the organization is gone)."""
+    row: asyncpg.Record | None = await conn.fetchrow(PROVISION.sql, *PROVISION.params.bind(values))
+    return row
 
 
 async def groups_of(conn: asyncpg.Connection, org_id: str, user_id: str) -> list[str]:

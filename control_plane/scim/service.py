@@ -68,6 +68,7 @@ from common.db import Params
 from common.errors import (
     AlreadyAMember,
     EmailInUse,
+    OrganizationNotFound,
     ScimBadRequest,
     ScimConflict,
     ScimNotFound,
@@ -494,6 +495,14 @@ async def provision_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCal
         raise ScimBadRequest(f"{email!r} is not a valid e-mail address",
                              scim_type="invalidValue") from None
     org_id, woken = caller.organization_id, asyncio.Event()
+    stored = _stored(resource)
+    if resource.active is not False:
+        row = await _provision_new(conn, actor, caller, resource, body, stored, kms=kms,
+                                   settings=settings)
+        if row is not None:
+            outbox.set()  # the enrollment message committed: this process's worker sends it
+            return _shown(UserResource, _user_json(row, base_url(settings)), None,
+                          Context.RESOURCE_CREATION_RESPONSE)
     async with conn.transaction():
         user = await users.create_user(conn, actor, body=body, kms=kms, settings=settings,
                                        outbox=woken, project_name=caller.project_name)
@@ -510,7 +519,6 @@ async def provision_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCal
                                    "organization's directory already.",
                                    scim_type="uniqueness") from None
             membership_id, status = row["membership_id"], row["status"]  # adopted
-        stored = _stored(resource)
         await _put_user(conn, caller, user.id, resource, stored)
         revoked = 0
         if resource.active is not None and resource.active != (status == "active"):
@@ -527,14 +535,53 @@ async def provision_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCal
                   Context.RESOURCE_CREATION_RESPONSE)
 
 
+async def _provision_new(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller,
+                         resource: Any, body: CreateUser, stored: dict[str, Any], *,
+                         kms: LocalKms, settings: Settings) -> Mapping[str, Any] | None:
+    """The common case of :func:`provision_user`, a user new to the project, in one statement
+    (``repository.PROVISION``): the member's row of the view, or None (nothing written) when the
+    e-mail address is an existing user's. Raises ScimConflict (the ``userName`` is another
+    member's), OrganizationNotFound (the organization was deleted meanwhile)."""
+    user_name = _text("userName", resource.user_name, required=True)
+    user_id, org_id = new_id("user"), caller.organization_id
+    values = {
+        **users.create_params(actor, user_id=user_id, body=body, kms=kms, settings=settings,
+                              project_name=caller.project_name),
+        **organizations.membership_params(actor, org_id=org_id, user_id=user_id,
+                                          role=MEMBER_ROLE),
+        "user_name": user_name, "external_id": _text("externalId", resource.external_id),
+        "resource": stored,
+        **audit.event_params(
+            actor, name="scim_event", **_user_event_values(
+                caller, user_id, change="created", fields=sorted(stored), user_created=True,
+                sessions_revoked=0)),
+    }
+    try:
+        return await repository.provision(conn, values)
+    except asyncpg.UniqueViolationError as exc:
+        if exc.constraint_name == repository.USER_NAME_INDEX:
+            raise ScimConflict(f"Another user of this organization has the userName "
+                               f"{user_name!r}.", scim_type="uniqueness") from None
+        raise
+    except asyncpg.ForeignKeyViolationError:
+        raise OrganizationNotFound() from None
+
+
+def _user_event_values(caller: ScimCaller, user_id: str, *, change: str, fields: list[str],
+                       **extra: Any) -> dict[str, Any]:
+    """``scim.user.synced``'s values (``audit.record``'s keywords)."""
+    return {"action": "scim.user.synced", "target_type": "user", "target_id": user_id,
+            "user_id": user_id,
+            "description": f"SCIM {change} user {user_id} in organization "
+                           f"{caller.organization_id}",
+            "metadata": {"organization_id": caller.organization_id, "change": change,
+                         "fields": fields, **extra}}
+
+
 async def _user_event(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, user_id: str,
                       *, change: str, fields: list[str], **extra: Any) -> None:
-    await audit.record(
-        conn, actor, action="scim.user.synced", target_type="user", target_id=user_id,
-        user_id=user_id,
-        description=f"SCIM {change} user {user_id} in organization {caller.organization_id}",
-        metadata={"organization_id": caller.organization_id, "change": change,
-                  "fields": fields, **extra})
+    await audit.record(conn, actor, **_user_event_values(caller, user_id, change=change,
+                                                         fields=fields, **extra))
 
 
 async def _locked_user(conn: asyncpg.Connection, caller: ScimCaller, user_id: str,

@@ -42,15 +42,23 @@ async def find(conn: asyncpg.Connection | asyncpg.Pool, user_id: str, *,
     return user(row) if row is not None else None
 
 
-def _create_statement() -> Statement:
-    p = Params()
+def create_from(p: Params) -> str:
+    """The CTEs of :data:`CREATE` writing the user (``u``: the new user's row, none when the
+    project has a user with that email), its enrollment link and message and its
+    ``user.created`` (``user_event``), from the parameters of ``service.create_params``: for a
+    statement of another domain that goes on from ``u`` (SCIM's provisioning)."""
     columns = ("id", "project_id", "email", "email_verified", "phone_number", "name", "metadata")
-    sql = f"""WITH u AS (
+    return f"""u AS (
     INSERT INTO users ({", ".join(columns)}) VALUES ({", ".join(p[c] for c in columns)})
     ON CONFLICT (project_id, lower(email)) WHERE email IS NOT NULL DO NOTHING
     RETURNING {COLUMNS}, project_id
 ), {magic_links.enrollment_from("u", p)},
-e AS ({audit.insert_from("u", p, name="user_event")})
+user_event AS ({audit.insert_from("u", p, name="user_event")})"""
+
+
+def _create_statement() -> Statement:
+    p = Params()
+    sql = f"""WITH {create_from(p)}
 SELECT true AS created, {COLUMNS} FROM u
 UNION ALL
 SELECT false, {COLUMNS} FROM users

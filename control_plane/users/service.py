@@ -63,6 +63,30 @@ async def find_user(conn: asyncpg.Connection | asyncpg.Pool, project_id: str, us
     return user
 
 
+create_from = repository.create_from
+"""SQL: the CTEs creating a user as :func:`create_user` does (``repository.create_from``), for
+another domain's statement that goes on from the new user's row ``u``."""
+
+
+def create_params(actor: Actor, *, user_id: str, body: CreateUser, kms: LocalKms,
+                  settings: Settings, project_name: str) -> dict[str, object]:
+    """The named parameters of :data:`create_from` for the new user ``user_id`` of the actor's
+    project: its row, its enrollment link and message, and its ``user.created``."""
+    project_id = actor.project_id
+    assert project_id is not None
+    return {
+        "id": user_id, "project_id": project_id, "email": body.email,
+        "email_verified": body.email_verified, "phone_number": body.phone_number,
+        "name": body.name, "metadata": body.metadata or {},
+        **magic_links.enrollment_params(kms, settings, project_id=project_id,
+                                        project_name=project_name, email=body.email),
+        **audit.event_params(
+            actor, name="user_event", action="user.created", target_type="user",
+            target_id=user_id, user_id=user_id, description=f"Created user {body.email}",
+            metadata={"user_email": body.email, "email_verified": body.email_verified}),
+    }
+
+
 async def create_user(
     conn: asyncpg.Connection, actor: Actor, *, body: CreateUser, kms: LocalKms, settings: Settings,
     outbox: asyncio.Event, project_name: str | None = None,
@@ -82,17 +106,8 @@ async def create_user(
         project_name = actor.api_key.project_name
     for _ in range(3):  # a concurrent creation of the email committed meanwhile: look again
         user_id = new_id("user")
-        values = {
-            "id": user_id, "project_id": project_id, "email": body.email,
-            "email_verified": body.email_verified, "phone_number": body.phone_number,
-            "name": body.name, "metadata": body.metadata or {},
-            **magic_links.enrollment_params(kms, settings, project_id=project_id,
-                                            project_name=project_name, email=body.email),
-            **audit.event_params(
-                actor, name="user_event", action="user.created", target_type="user",
-                target_id=user_id, user_id=user_id, description=f"Created user {body.email}",
-                metadata={"user_email": body.email, "email_verified": body.email_verified}),
-        }
+        values = create_params(actor, user_id=user_id, body=body, kms=kms, settings=settings,
+                               project_name=project_name)
         try:
             outcome = await repository.create(conn, values)
         except asyncpg.UniqueViolationError as exc:
