@@ -146,6 +146,8 @@ WHERE user_id = {user}
     ("messages", """
 DELETE FROM messages
 WHERE project_id = {project} AND (lower(destination) = lower({email}) OR destination = {phone})"""),
+    ("scim_group_members", "DELETE FROM scim_group_members WHERE user_id = {user}"),
+    ("scim_users", "DELETE FROM scim_users WHERE user_id = {user}"),
     ("memberships", "DELETE FROM memberships WHERE user_id = {user}"),
     ("invitations", "DELETE FROM invitations WHERE project_id = {project} AND lower(email) = lower({email})"),
     ("risk_known", "DELETE FROM risk_known WHERE user_id = {user}"),
@@ -259,6 +261,14 @@ def by_user(p: Params, user_id: str) -> str:
     return f"e.user_id = {p(user_id)}"
 
 
+def by_group_member(p: Params, user_id: str) -> str:
+    """A directory group's change (``scim.group.synced``) that added or removed the user: it
+    names members in its metadata only (its action's index finds the project's few)."""
+    uid = p(user_id)
+    return (f"e.action = 'scim.group.synced' AND (e.metadata -> 'members_added' ? {uid}"
+            f" OR e.metadata -> 'members_removed' ? {uid})")
+
+
 def by_actor(p: Params, user_id: str) -> str:
     return f"e.actor_id = {p(user_id)}"
 
@@ -312,6 +322,13 @@ FROM step_up_challenges WHERE user_id = {user} ORDER BY id"""),
     ("recovery_requests", """
 SELECT id, channel, destination, reason, status, decision_note, decided_at, created_at
 FROM recovery_requests WHERE user_id = {user} ORDER BY id"""),
+    ("directory_users", """
+SELECT organization_id, user_name, external_id, resource, created_at, updated_at
+FROM scim_users WHERE user_id = {user} ORDER BY organization_id"""),
+    ("directory_groups", """
+SELECT g.organization_id, g.id AS group_id, g.display_name, m.display
+FROM scim_group_members m JOIN scim_groups g ON g.id = m.group_id
+WHERE m.user_id = {user} ORDER BY g.organization_id, g.id"""),
 )
 """What an export gathers besides the user row and the audit events (statements over the named
 values ``{user}``, ``{project}``):

@@ -6,7 +6,8 @@
 * :func:`fulfil`: once. A second call answers the first result without doing anything again.
   - **Deletion.** One transaction hard-deletes every row that names the user or its contacts
     (``repository.DELETIONS``: the user, its identities, passkeys, sessions and refresh tokens,
-    step-up and WebAuthn challenges, memberships, invitations to the address, magic links and
+    step-up and WebAuthn challenges, recovery requests, SCIM directory records and group
+    memberships, memberships, invitations to the address, magic links and
     messages to it, pending webhook deliveries of events about it, its known devices and last
     locations). Its live sessions are revoked first through the revocation outbox, so the edge
     answers ``revoked`` at once. The request is then ``in_progress`` while the history (audit
@@ -17,7 +18,8 @@
     ``dsr.fulfilled``, which names no one.
   - **Export.** The JSON document of what the project holds about the user (its row,
     identities, passkeys' public parts, memberships, sessions, audit events, risk decisions,
-    step-up challenges; never a token hash or secret), answered with its SHA-256 and stored
+    step-up challenges, recovery requests, SCIM directory records and directory groups; never
+    a token hash or secret), answered with its SHA-256 and stored
     with ``output_artifact_url``, which the call must give.
 
 Anonymized means (SPEC.md 4 rule 2): ``user_id`` null, metadata ``user_email`` ``[deleted]``;
@@ -213,7 +215,8 @@ async def anonymize(pool: asyncpg.Pool, actor: Actor, row: asyncpg.Record) -> as
     ]
     if user_id is not None:
         selectors += [lambda p: repository.by_user(p, user_id),
-                      lambda p: repository.by_actor(p, user_id)]
+                      lambda p: repository.by_actor(p, user_id),
+                      lambda p: repository.by_group_member(p, user_id)]
 
     async def scrub(keys: list[tuple[datetime, str]]) -> None:
         for start in range(0, len(keys), BATCH):

@@ -2,8 +2,8 @@
 
 The user is seeded through the paths that write data about a user: two magic-link sign-ins and
 a passkey sign-in (sessions, refresh tokens, risk decisions, known devices and last locations,
-messages and links, audit events), a passkey, a membership, an invitation to its address from another
-organization, and webhook deliveries of its events that stay pending (the receiver fails and
+messages and links, audit events), a passkey, a membership, a directory's SCIM record of it and a directory group
+it is in, an invitation to its address from another organization, and webhook deliveries of its events that stay pending (the receiver fails and
 the retry comes after ten minutes). After the deletion, SQL over every column of every table
 that can hold text (walked from the catalog, so a table added later is covered) finds neither
 the user's id nor its address, except in the request's own record; the audit export and the
@@ -24,6 +24,7 @@ from tests.fixtures.database import events
 from tests.fixtures.identity import add_member, email, make_org, session_call, sign_in
 from tests.fixtures.service import Project, eventually
 from tests.fixtures.webauthn import SoftAuthenticator
+from tests.scim.helpers import GROUP, directory, user_body
 
 RP_ID, ORIGIN = "localhost", "http://localhost:8443"
 
@@ -61,6 +62,13 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
         assert third.status == 200, third.body
         org, other = await make_org(cproject), await make_org(cproject)
         await add_member(cproject, org["id"], user_id)
+        # An organization's directory provisions the user over SCIM and puts it in a group.
+        synced = await directory(cproject)
+        provisioned = await synced.post("/Users", user_body(address, externalId="ext-dsr"))
+        assert provisioned.status == 201 and provisioned.body["id"] == user_id, provisioned.body
+        group = await synced.post("/Groups", {"schemas": [GROUP], "displayName": "Finance",
+                                              "members": [{"value": user_id}]})
+        assert group.status == 201, group.body
         invited = await cproject.api.post(f"/v1/organizations/{other['id']}/invitations",
                                           {"email": address})
         assert invited.status == 201, invited.body
@@ -97,7 +105,12 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
         assert {s["auth_method"] for s in document["sessions"]} == {"magic_link", "passkey"}
         assert len(document["sessions"]) == 3 and len(document["risk_decisions"]) == 3
         assert [p["id"] for p in document["passkeys"]] == [registered.body["id"]]
-        assert [m["organization_id"] for m in document["memberships"]] == [org["id"]]
+        assert sorted(m["organization_id"] for m in document["memberships"]) == \
+            sorted([org["id"], synced.org_id])
+        assert [(d["organization_id"], d["user_name"], d["external_id"])
+                for d in document["directory_users"]] == [(synced.org_id, address, "ext-dsr")]
+        assert [(g["group_id"], g["display_name"]) for g in document["directory_groups"]] == \
+            [(group.body["id"], "Finance")]
         assert {"user.created", "auth.signin_attempt", "membership.created"} <= \
             {e["action"] for e in document["audit_events"]}
         text = str(document)
@@ -115,7 +128,8 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
         assert body["user_found"] is True and body["dsr"]["status"] == "fulfilled"
         deleted = body["deleted"]
         assert (deleted["users"], deleted["sessions"], deleted["passkeys"]) == (1, 3, 1)
-        assert deleted["memberships"] == 1 and deleted["invitations"] == 1
+        assert deleted["memberships"] == 2 and deleted["invitations"] == 1
+        assert deleted["scim_users"] == 1 and deleted["scim_group_members"] == 1
         assert deleted["recovery_requests"] == 1
         assert deleted["refresh_tokens"] >= 2 and deleted["messages"] >= 2
         assert deleted["risk_known"] >= 1 and deleted["risk_last_locations"] >= 0
