@@ -13,6 +13,7 @@ from common.db import Params, Statement
 from control_plane.audit import service as audit
 from control_plane.organizations import service as organizations
 from control_plane.users import service as users
+from control_plane.users.schemas import USER_FIELDS
 
 USER_NAME_INDEX: Final = "scim_users_user_name"
 DISPLAY_NAME_INDEX: Final = "scim_groups_display_name"
@@ -71,6 +72,53 @@ async def find_user(conn: asyncpg.Connection | asyncpg.Pool, org_id: str, user_i
         f"""SELECT {USER_COLUMNS} FROM {USER_FROM}
             WHERE m.organization_id = $1 AND m.user_id = $2"""
         + (" FOR UPDATE OF m" if lock else ""), org_id, user_id)
+    return row
+
+
+async def lock_user(conn: asyncpg.Connection, org_id: str,
+                    user_id: str) -> asyncpg.Record | None:
+    """The member's row of the view (``USER_COLUMNS``) and its user's columns (``user_<field>``
+    for each of ``USER_FIELDS``), its membership and its user locked for a change."""
+    user = ", ".join(f"u.{f} AS user_{f}" for f in USER_FIELDS)
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"""SELECT {USER_COLUMNS}, {user} FROM {USER_FROM}
+            WHERE m.organization_id = $1 AND m.user_id = $2 FOR UPDATE OF m, u""",
+        org_id, user_id)
+    return row
+
+
+async def write_user(conn: asyncpg.Connection, *, user_changes: list[str], put: bool,
+                     event: bool, values: Mapping[str, object]) -> asyncpg.Record:
+    """One statement for a change of a member locked by :func:`lock_user`: its user's
+    ``user_changes`` with ``user.updated`` (``users.update_from``, none when empty), what the
+    directory says of it (``put``: the parameters ``org_id``, ``user_id``, ``user_name``,
+    ``external_id``, ``resource``) and ``scim.user.synced`` (``event``, parameters
+    ``scim_event_*``; only with ``put``). Returns ``doc`` (the stored resource, or null
+    without ``put``) and ``updated_at`` (the latest of the rows written). Raises
+    asyncpg.UniqueViolationError (``USER_NAME_INDEX``, or the users' e-mail address index)."""
+    assert put or not event
+    p = Params()
+    ctes, times = [], []
+    if user_changes:
+        ctes.append(users.update_from(p, user_changes))
+        times.append("(SELECT updated_at FROM user_update)")
+    if put:
+        ctes.append(f"""s AS (
+    INSERT INTO scim_users (organization_id, user_id, user_name, external_id, resource)
+    VALUES ({p["org_id"]}, {p["scim_user_id"]}, {p["user_name"]}, {p["external_id"]},
+            {p["resource"]})
+    ON CONFLICT (organization_id, user_id) DO UPDATE
+    SET user_name = EXCLUDED.user_name, external_id = EXCLUDED.external_id,
+        resource = EXCLUDED.resource, updated_at = now()
+    RETURNING resource, updated_at)""")
+        times.append("(SELECT updated_at FROM s)")
+    if event:
+        ctes.append(f"scim_event AS ({audit.insert_from('s', p, name='scim_event')})")
+    doc = "(SELECT resource FROM s)" if put else "NULL::jsonb"
+    row: asyncpg.Record = await conn.fetchrow(
+        f"""WITH {", ".join(ctes)}
+            SELECT {doc} AS doc, greatest({", ".join(times)}) AS updated_at""",
+        *p.bind(values))
     return row
 
 

@@ -103,7 +103,7 @@ from control_plane.scim.schemas import (
 )
 from control_plane.sessions import service as sessions
 from control_plane.users import service as users
-from control_plane.users.schemas import CreateUser, UpdateUser
+from control_plane.users.schemas import USER_FIELDS, CreateUser, UpdateUser, User
 from control_plane.web.actor import Actor
 
 TOKEN_PREFIX: Final = "scim_"
@@ -629,7 +629,12 @@ async def _change_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
                        change: Any) -> Shown:
     base = base_url(settings)
     async with conn.transaction():
-        row, shown = await _locked_user(conn, caller, user_id, base, if_match)
+        row = await repository.lock_user(conn, caller.organization_id, user_id) \
+            if is_id(user_id, "user") else None
+        if row is None:
+            raise ScimNotFound()
+        shown = _user_json(row, base)
+        _check_version(shown["meta"]["version"], if_match)
         current = UserResource.model_validate(shown, scim_policy=POLICY)
         before = _stored(current)
         wanted = change(current)  # a PATCH changes ``current`` itself
@@ -642,32 +647,81 @@ async def _change_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
         name = _display_name(wanted)
         if fields and name != row["name"] and ("displayName" in fields or "name" in fields):
             updates["name"] = name
-        if updates:
-            try:
-                await users.update_user(conn, actor, user_id=user_id,
-                                        body=UpdateUser.model_validate(updates))
-            except ValidationError:
-                raise ScimBadRequest(f"{email!r} is not a valid e-mail address",
-                                     scim_type="invalidValue") from None
-            except EmailInUse:
+        active = row["status"] == "active"
+        if wanted.active is not None and wanted.active != active:
+            return await _change_membership(conn, actor, caller, row, wanted, after, fields,
+                                            updates, base)
+        try:
+            body = UpdateUser.model_validate(updates) if updates else None
+        except ValidationError:
+            raise ScimBadRequest(f"{email!r} is not a valid e-mail address",
+                                 scim_type="invalidValue") from None
+        user_changes = {} if body is None else users.update_changes(
+            User(**{f: row["user_" + f] for f in USER_FIELDS}), body)
+        put = bool(fields) or not row["synced"]
+        if not user_changes and not put:
+            return _shown(UserResource, shown, None, Context.RESOURCE_REPLACEMENT_RESPONSE)
+        values: dict[str, Any] = {}
+        if user_changes:
+            values.update(users.update_params(actor, user_id=user_id, changes=user_changes))
+        if put:
+            user_name = _text("userName", wanted.user_name, required=True)
+            values.update(org_id=caller.organization_id, scim_user_id=user_id,
+                          user_name=user_name, resource=after,
+                          external_id=_text("externalId", wanted.external_id))
+        if fields:
+            values.update(audit.event_params(actor, name="scim_event", **_user_event_values(
+                caller, user_id, change="updated", fields=fields,
+                **({"sessions_revoked": 0} if not active else {}))))
+        try:
+            written = await repository.write_user(
+                conn, user_changes=list(user_changes), put=put, event=bool(fields),
+                values=values)
+        except asyncpg.UniqueViolationError as exc:
+            if exc.constraint_name == repository.USER_NAME_INDEX:
+                raise ScimConflict(f"Another user of this organization has the userName "
+                                   f"{values['user_name']!r}.", scim_type="uniqueness") from None
+            if isinstance(users.unique_violation(exc), EmailInUse):
                 raise ScimConflict(f"Another user of the project has the e-mail address "
                                    f"{email!r}.", scim_type="uniqueness") from None
-        if fields or not row["synced"]:
-            await _put_user(conn, caller, user_id, wanted, after)
-        active = row["status"] == "active"
-        revoked = 0
-        kind = "updated"
-        if wanted.active is not None and wanted.active != active:
-            revoked = await _set_active(conn, actor, caller, user_id=user_id,
-                                        membership_id=row["membership_id"], active=wanted.active)
-            fields = sorted({*fields, "active"})
-            kind = "reactivated" if wanted.active else "deactivated"
-        if fields:
-            await _user_event(conn, actor, caller, user_id, change=kind, fields=fields,
-                              **({"sessions_revoked": revoked} if not active or revoked else {}))
-        row = await repository.find_user(conn, caller.organization_id, user_id)
-        assert row is not None
-    return _shown(UserResource, _user_json(row, base), None, Context.RESOURCE_REPLACEMENT_RESPONSE)
+            raise
+    # The member as the statement left it: what it stored (or had), its latest change.
+    return _shown(UserResource, _user_json(
+        {**dict(row), "synced": True, "doc": written["doc"] if put else row["doc"],
+         "updated_at": max(row["updated_at"], written["updated_at"])}, base), None,
+        Context.RESOURCE_REPLACEMENT_RESPONSE)
+
+
+async def _change_membership(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller,
+                             row: asyncpg.Record, wanted: Any, after: dict[str, Any],
+                             fields: list[str], updates: dict[str, Any], base: str) -> Shown:
+    """The rest of :func:`_change_user` for a change that activates or suspends the membership
+    (rare: step by step, in its transaction, then read back)."""
+    user_id = row["id"]
+    email = updates.get("email")
+    if updates:
+        try:
+            await users.update_user(conn, actor, user_id=user_id,
+                                    body=UpdateUser.model_validate(updates))
+        except ValidationError:
+            raise ScimBadRequest(f"{email!r} is not a valid e-mail address",
+                                 scim_type="invalidValue") from None
+        except EmailInUse:
+            raise ScimConflict(f"Another user of the project has the e-mail address "
+                               f"{email!r}.", scim_type="uniqueness") from None
+    if fields or not row["synced"]:
+        await _put_user(conn, caller, user_id, wanted, after)
+    active = row["status"] == "active"
+    revoked = await _set_active(conn, actor, caller, user_id=user_id,
+                                membership_id=row["membership_id"], active=wanted.active)
+    await _user_event(conn, actor, caller, user_id,
+                      change="reactivated" if wanted.active else "deactivated",
+                      fields=sorted({*fields, "active"}),
+                      **({"sessions_revoked": revoked} if not active or revoked else {}))
+    found = await repository.find_user(conn, caller.organization_id, user_id)
+    assert found is not None
+    return _shown(UserResource, _user_json(found, base), None,
+                  Context.RESOURCE_REPLACEMENT_RESPONSE)
 
 
 async def deprovision_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,

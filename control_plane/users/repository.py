@@ -103,6 +103,18 @@ async def update(conn: asyncpg.Connection, project_id: str, user_id: str,
     return user(row)
 
 
+def update_from(p: Params, names: list[str]) -> str:
+    """The CTEs (``user_update``, ``user_update_event``) setting the columns ``names`` (of
+    ``USER_FIELDS``) and ``updated_at`` of one user and recording its ``user.updated``, from the
+    parameters of ``service.update_params``: what :func:`update` and the event's insert write,
+    in another domain's statement. Raises asyncpg.UniqueViolationError."""
+    assignments = ", ".join(f"{name} = {p['user_set_' + name]}" for name in names)
+    return f"""user_update AS (
+    UPDATE users SET {assignments}, updated_at = now()
+    WHERE id = {p["user_id"]} AND project_id = {p["user_project_id"]} RETURNING id, updated_at
+), user_update_event AS ({audit.insert_from("user_update", p, name="user_update_event")})"""
+
+
 async def delete(conn: asyncpg.Connection, user_id: str) -> None:
     """Delete the user; memberships, sessions, refresh and magic-link tokens cascade."""
     await conn.execute("DELETE FROM users WHERE id = $1", user_id)

@@ -127,24 +127,9 @@ async def update_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str,
     contact cannot be removed)."""
     project_id = actor.project_id
     assert project_id is not None
-    fields = body.model_fields_set
     async with conn.transaction():
         user = await find_user(conn, project_id, user_id, for_update=True)
-        wanted: dict[str, Any] = {}
-        if "name" in fields:
-            wanted["name"] = body.name
-        if body.email is not None and body.email != user.email:
-            wanted["email"] = body.email
-            if (user.email or "").lower() != body.email.lower():
-                wanted["email_verified"] = False
-        if "email_verified" in fields:
-            wanted["email_verified"] = body.email_verified
-        if "phone_number" in fields and body.phone_number != user.phone_number:
-            wanted["phone_number"] = body.phone_number
-            wanted["phone_verified"] = False
-        if "metadata" in fields:
-            wanted["metadata"] = body.metadata
-        changes = {k: v for k, v in wanted.items() if getattr(user, k) != v}
+        changes = update_changes(user, body)
         if not changes:
             return user
         try:
@@ -154,13 +139,56 @@ async def update_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str,
         except asyncpg.CheckViolationError:
             raise InvalidRequest.field(
                 "phone_number", "cannot be cleared: the user has no email address") from None
-        names = sorted(changes)
-        await audit.record(
-            conn, actor, action="user.updated", target_type="user", target_id=user_id,
-            user_id=user_id, description=f"Updated user {user_id} ({', '.join(names)})",
-            metadata={"changed": names},
-        )
+        await audit.record(conn, actor, **_updated_event(user_id, changes))
     return updated
+
+
+def update_changes(user: User, body: UpdateUser) -> dict[str, Any]:
+    """What :func:`update_user` changes of ``user`` (as locked by the caller) for ``body``: the
+    columns and their new values (none: nothing to do)."""
+    fields = body.model_fields_set
+    wanted: dict[str, Any] = {}
+    if "name" in fields:
+        wanted["name"] = body.name
+    if body.email is not None and body.email != user.email:
+        wanted["email"] = body.email
+        if (user.email or "").lower() != body.email.lower():
+            wanted["email_verified"] = False
+    if "email_verified" in fields:
+        wanted["email_verified"] = body.email_verified
+    if "phone_number" in fields and body.phone_number != user.phone_number:
+        wanted["phone_number"] = body.phone_number
+        wanted["phone_verified"] = False
+    if "metadata" in fields:
+        wanted["metadata"] = body.metadata
+    return {k: v for k, v in wanted.items() if getattr(user, k) != v}
+
+
+def _updated_event(user_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+    names = sorted(changes)
+    return {"action": "user.updated", "target_type": "user", "target_id": user_id,
+            "user_id": user_id, "description": f"Updated user {user_id} ({', '.join(names)})",
+            "metadata": {"changed": names}}
+
+
+update_from = repository.update_from
+"""SQL: the CTEs applying :func:`update_changes` to a user the caller locked, with its
+``user.updated`` (``repository.update_from``), for another domain's statement."""
+
+
+def update_params(actor: Actor, *, user_id: str, changes: dict[str, Any]) -> dict[str, object]:
+    """The named parameters of :data:`update_from` for ``changes`` (``update_changes``') of the
+    actor's project's user ``user_id``; with ``changes``' names the statement's shape."""
+    return {**{f"user_set_{k}": v for k, v in changes.items()},
+            "user_id": user_id, "user_project_id": actor.project_id,
+            **audit.event_params(actor, name="user_update_event",
+                                 **_updated_event(user_id, changes))}
+
+
+def unique_violation(exc: asyncpg.UniqueViolationError) -> Exception:
+    """EmailInUse or PhoneInUse for a violation of the users' unique indexes (a statement of
+    :data:`update_from`), else ``exc``."""
+    return _unique_violation(exc)
 
 
 async def remove_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str) -> None:
