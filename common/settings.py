@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     engine_poll_seconds: Annotated[float, Field(gt=0, le=3600)] = Field(
         1.0, validation_alias=_env("SERVICE_ENGINE_POLL_SECONDS")
     )
+    # `authio serve engine`'s processes on its one port (engine.workers); None: one per core
+    # this process may run on. `--workers` overrides it.
+    engine_workers: Annotated[int, Field(ge=1, le=512)] | None = Field(
+        None, validation_alias=_env("SERVICE_ENGINE_WORKERS")
+    )
     audit_forward_months: Annotated[int, Field(ge=1, le=120)] = Field(
         3, validation_alias=_env("SERVICE_AUDIT_FORWARD_MONTHS")
     )

@@ -1,7 +1,10 @@
 """The ``authio`` command: serve, migrate, and the files a deployment needs.
 
     authio serve                  both apps on one port (PORT, default 8080)
-    authio serve engine           the engine alone (SERVICE_ENGINE_PORT, default 8081)
+    authio serve engine [--workers N]
+                                  the engine alone (SERVICE_ENGINE_PORT, default 8081), N
+                                  processes on that port (default: SERVICE_ENGINE_WORKERS,
+                                  else one per core)
     authio serve control-plane    the control plane alone (PORT)
     authio migrate                apply pending schema migrations
     authio kms-key --file PATH    write a new key-encryption key to PATH unless it exists
@@ -76,6 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     serve = sub.add_parser("serve", help="run the service")
     serve.add_argument("target", nargs="?", default="all",
                        choices=["all", "engine", "control-plane"])
+    serve.add_argument("--workers", type=int, metavar="N",
+                       help="engine only: N engine processes sharing the port (SO_REUSEPORT) "
+                            "under a supervisor (default: SERVICE_ENGINE_WORKERS, else one per "
+                            "core; 1: a single process)")
     serve.add_argument("--generate-bootstrap-token", action="store_true",
                        help="when SERVICE_BOOTSTRAP_TOKEN is unset, make one for this run and "
                             "print it once (local development)")
@@ -110,6 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     importing.add_argument("--force", action="store_true",
                            help="resume although the file changed since the last run")
     args = parser.parse_args(argv)
+    if args.command == "serve" and args.workers is not None:
+        if args.target != "engine":
+            serve.error("--workers goes with `authio serve engine` only")
+        if args.workers < 1:
+            serve.error(f"--workers must be 1 or more, not {args.workers}")
     if args.command == "login":
         from control_plane.cli.login import login as sign_in
 
@@ -171,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"authio: {exc}")
         from control_plane.cli.serve import serve as run_service
 
-        run_service(settings, args.target)
+        run_service(settings, args.target, args.workers)
 
 
 if __name__ == "__main__":

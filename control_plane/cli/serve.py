@@ -28,9 +28,22 @@ def build_app(settings: Settings, target: str) -> tuple[web.Application, int]:
     return app, settings.port
 
 
-def serve(settings: Settings, target: str) -> None:
+def serve(settings: Settings, target: str, workers: int | None = None) -> None:
     """Serve ``target`` on uvloop until SIGTERM or SIGINT, which stop it gracefully: stop
-    accepting, finish in-flight requests (up to 15 s), then run every cleanup context."""
+    accepting, finish in-flight requests (up to 15 s), then run every cleanup context.
+
+    ``engine`` runs ``workers`` processes (``--workers``; else ``SERVICE_ENGINE_WORKERS``, else
+    one per core) sharing its port under a supervisor (``engine.workers``); one worker is this
+    process alone, as before. Raises ValueError for a count below 1."""
+    if target == "engine":
+        from engine.workers import supervise, worker_count
+
+        count = worker_count(settings, workers)
+        if count > 1:
+            code = supervise(settings, count)
+            if code:
+                raise SystemExit(code)
+            return
     import uvloop
 
     from common.telemetry import setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
