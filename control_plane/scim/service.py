@@ -43,7 +43,7 @@ from typing import Any, Final
 
 import asyncpg
 import orjson
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from scim2_models import (
     AuthenticationScheme,
     Bulk,
@@ -62,6 +62,7 @@ from scim2_models import (
     ServiceProviderConfig,
     Sort,
 )
+from scim2_models.path import resolution as _resolution
 
 from common.auth import token_digest
 from common.db import Params
@@ -113,6 +114,24 @@ MEMBER_ROLE: Final = "member"
 """The role of a membership the directory makes (the directory's groups carry permissions)."""
 TUPLES_PER_WRITE: Final = 1000
 _CONTROL_RE: Final = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _type_adapter(annotated_type: Any) -> TypeAdapter[Any]:
+    """pydantic's ``TypeAdapter`` of ``annotated_type``, built once per type. scim2-models
+    builds one (a core schema generated anew) each time a PATCH path's filter compares a
+    value of a typed attribute (``emails[type eq "work"]``: the ``type`` enumeration), a
+    fifth of the time of applying Entra's PATCH; an adapter is immutable and reusable."""
+    try:
+        adapter = _ADAPTERS.get(annotated_type)
+    except TypeError:  # an unhashable annotation: built each time, as the library does
+        return TypeAdapter(annotated_type)
+    if adapter is None:
+        adapter = _ADAPTERS[annotated_type] = TypeAdapter(annotated_type)
+    return adapter
+
+
+_ADAPTERS: Final[dict[Any, TypeAdapter[Any]]] = {}
+_resolution.TypeAdapter = _type_adapter  # type: ignore[attr-defined,assignment]
 
 
 def base_url(settings: Settings) -> str:
