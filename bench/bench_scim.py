@@ -16,7 +16,9 @@ path, ``Replace``), on two cores shared by the server(s), PostgreSQL and this cl
 3. Checked by SQL: the organization has N members with N directory rows, the project N users,
    and the audit log 2N ``scim.user.synced`` events. The figure is N / elapsed seconds (a user
    counts once both of its requests were answered), with the latency percentiles of each kind
-   and the CPU the server(s) and PostgreSQL used (cores over the run).
+   and the CPU the server(s) and PostgreSQL used (cores over the run), the whole machine's and
+   the rest (``other_cores``: other people's work on a shared machine), and the 1-minute load
+   average before and after.
 
 Prints a JSON summary (``--json`` writes it too); the scratch database is dropped at the end.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import statistics
 import sys
@@ -196,6 +199,7 @@ def main() -> None:
         cpu_before = [p.cpu_times() for p in procs]
         me = psutil.Process()
         client_before, machine_before = me.cpu_times(), system_cpu()
+        load_before = os.getloadavg()
         pg_before = postgres_processes(DB)
         wall = time.perf_counter()
         log(f"pushing {args.users} users through {len(servers)} server(s), "
@@ -208,6 +212,7 @@ def main() -> None:
         pg_cpu = {kind: round(seconds / wall, 2) for kind, seconds in
                   pg_cpu_delta(pg_before, postgres_processes(DB), set()).items()}
         client_after, machine_after = me.cpu_times(), system_cpu()
+        load_after = os.getloadavg()
         client_cpu = (client_after.user + client_after.system
                       - client_before.user - client_before.system)
         busy = (psutil.cpu_count() or 1) * (machine_after[0] - machine_before[0]) / max(
@@ -231,6 +236,7 @@ def main() -> None:
         "client_cores": round(client_cpu / wall, 2), "machine_busy_cores": round(busy, 2),
         "other_cores": round(busy - server_cpu / wall - pg_cpu["bench"] - pg_cpu["shared"]
                              - client_cpu / wall, 2),
+        "load_average_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "failures": len(result["failures"]), "first_failures": result["failures"][:5],
         "checked": checked,
         "checks_pass": checked == {"members": args.users, "directory_rows": args.users,
