@@ -47,6 +47,9 @@ from common.errors import (
     RecoveryRequestNotPending,
     ServiceError,
     ServiceUnavailable,
+    UnknownOrExpiredChallenge,
+    UserNotFound,
+    VerificationFailed,
 )
 from common.routing import Reply, RouteTable, Security
 from common.schemas import parse_model
@@ -64,10 +67,18 @@ from control_plane.operators.schemas import (
     ConsoleSession,
     DevicePageQuery,
     Operator,
+    PasskeySignInOptions,
     SessionBody,
     SignedOut,
     SignInBody,
     SignInSent,
+)
+from control_plane.passkeys import service as passkeys
+from control_plane.passkeys.schemas import (
+    CreationOptions,
+    Passkey,
+    RegistrationOptionsBody,
+    RegistrationResponseBody,
 )
 from control_plane.recovery import service as recovery
 from control_plane.recovery.schemas import DecisionBody, RecoveryQuery, RecoveryRequest
@@ -221,11 +232,11 @@ async def _project(call: ConsoleCall, project_id: str) -> ProjectRef:
 
 
 def _page(call: ConsoleCall, *, title: str, section: str, projects: list[ProjectRef],
-          project: ProjectRef | None, main: str) -> web.StreamResponse:
+          project: ProjectRef | None, main: str, script: str = "") -> web.StreamResponse:
     csrf = service.csrf_token(call.app[KMS], call.session_claims.sid)
     return finish(call, page(lambda nonce: pages.layout(
         nonce, title=title, section=section, operator=call.signed_in, projects=projects,
-        project=project, csrf=csrf, main=main), forms=True))
+        project=project, csrf=csrf, main=main, script=script), forms=True))
 
 
 def _reply(call: ConsoleCall, data: Any) -> web.StreamResponse:
@@ -347,6 +358,106 @@ async def post_console_sign_out(call: ConsoleCall) -> web.Response:
     response = call.reply(SignedOut(True))
     clear_console_cookies(response)
     return response
+
+
+@endpoint(routes, "POST", SIGN_IN + "/passkey", auth=auth.Anonymous(), json_only=True,
+          errors=[InvalidEmail, InvalidRequest, NotFound],
+          replies=[Reply(200, "The options of a passkey login in the operator's operator project.",
+                         PasskeySignInOptions)])
+async def post_console_sign_in_passkey(call: Call, body: SignInBody) -> web.Response:
+    """Start signing in to the console with a passkey: request options for the passkeys of
+    the operator of this address (in the first tenant where they have one).
+
+    The page passes `options` to `navigator.credentials.get`, sends the credential to
+    `POST /v1/auth/passkey/login/verify?project_id=<project_id>` (the ordinary passkey login of
+    the operator project) and the tokens it answers to `POST /console/session`, as a link's
+    sign-in does. 404 `not_found` (`details.reason` `no_passkey`) when no operator of this
+    address has a passkey; 400 `invalid_request` naming `webauthn` when the service's base URL
+    can be no relying party's (an IP address, plain HTTP off localhost)."""
+    async with call.connection() as conn:
+        options = await service.passkey_sign_in_options(conn, call.actor, email=body.email,
+                                                        settings=call.settings)
+    return call.reply(options)
+
+
+# --- the operator's passkeys ----------------------------------------------------------------------
+
+_PASSKEYS: Final = "/console/passkeys"
+
+
+@page_route(_PASSKEYS, replies=[_PAGE])
+async def get_console_passkeys(call: ConsoleCall, query: ConsolePageQuery) -> web.StreamResponse:
+    """The signed-in operator's passkeys (for signing in to the console), with Add and
+    Remove."""
+    projects, project = await _projects(call, query.project_id)
+    error = None
+    try:
+        async with call.connection() as conn:
+            await service.ensure_relying_party(conn, call.session_claims.pid, call.settings)
+    except InvalidRequest as err:
+        error = err.message
+    mine = await passkeys.list_passkeys(call.pool, _own(call),
+                                        user_id=call.session_claims.sub)
+    return _page(call, title="Your passkeys", section="passkeys", projects=projects,
+                 project=project, main=pages.passkeys(mine, error=error),
+                 script=pages.PASSKEYS_SCRIPT)
+
+
+def _own(call: ConsoleCall) -> Actor:
+    """The operator's own user in the operator project (``service.passkey_actor``)."""
+    return service.passkey_actor(call.actor, call.session_claims)
+
+
+@endpoint(routes, "POST", _PASSKEYS + "/options", auth=ACTION, json_only=True,
+          errors=[NoSession, Forbidden, InvalidRequest, UserNotFound],
+          replies=[Reply(200, "Creation options for navigator.credentials.create.",
+                         CreationOptions)])
+async def post_console_passkey_options(call: ConsoleCall,
+                                       body: RegistrationOptionsBody) -> web.StreamResponse:
+    """Start adding a passkey to the signed-in operator (their user in the operator project,
+    whose relying party is the service's own host and base URL).
+
+    What `POST /v1/auth/passkey/register/options` does for a signed-in user. 400
+    `invalid_request` naming `webauthn` when the service's base URL can be no relying party's.
+
+    Authentication: the console session's cookies, from a page of this origin, with the
+    session's CSRF token as `X-CSRF-Token`."""
+    async with call.connection() as conn:
+        await service.ensure_relying_party(conn, call.session_claims.pid, call.settings)
+        options = await passkeys.registration_options(conn, _own(call), name=body.name,
+                                                      settings=call.settings)
+    return _reply(call, options)
+
+
+@endpoint(routes, "POST", _PASSKEYS, auth=ACTION, json_only=True,
+          errors=[NoSession, Forbidden, UnknownOrExpiredChallenge, VerificationFailed,
+                  InvalidRequest],
+          replies=[Reply(201, "The passkey, added.", Passkey)])
+async def post_console_passkeys(call: ConsoleCall,
+                                body: RegistrationResponseBody) -> web.StreamResponse:
+    """Finish adding a passkey to the signed-in operator: the browser's
+    `PublicKeyCredential.toJSON()` at top level (`passkey.created` in the operator project).
+
+    Authentication: the console session's cookies, from a page of this origin, with the
+    session's CSRF token as `X-CSRF-Token`."""
+    async with call.connection() as conn:
+        passkey = await passkeys.register(conn, _own(call), credential=body)
+    return finish(call, call.reply(passkey, status=201))
+
+
+@endpoint(routes, "POST", _PASSKEYS + "/{passkey_id}/remove", auth=ACTION,
+          errors=[NoSession, Forbidden, NotFound, UserNotFound],
+          replies=[Reply(200, "The passkey, removed: it signs no one in any more.", Passkey)])
+async def post_console_passkey_remove(call: ConsoleCall) -> web.StreamResponse:
+    """Remove one of the signed-in operator's passkeys (`passkey.deleted` in the operator
+    project).
+
+    Authentication: the console session's cookies, from a page of this origin, with the
+    session's CSRF token as `X-CSRF-Token`."""
+    async with call.connection() as conn:
+        passkey = await passkeys.remove_passkey(conn, _own(call), user_id=call.session_claims.sub,
+                                                passkey_id=call.path("passkey_id"))
+    return _reply(call, passkey)
 
 
 # --- the recovery queue ---------------------------------------------------------------------------

@@ -18,11 +18,12 @@ from urllib.parse import urlencode
 
 from control_plane.audit.schemas import AuditEvent
 from control_plane.operators.schemas import Operator
+from control_plane.passkeys.schemas import Passkey
 from control_plane.recovery.schemas import RecoveryRequest
 from control_plane.tenancy.schemas import ApiKey, ProjectRef
 
 NAV: Final = (("recovery", "Recovery requests"), ("devices", "Device sign-ins"),
-              ("api-keys", "API keys"), ("audit", "Audit log"))
+              ("api-keys", "API keys"), ("audit", "Audit log"), ("passkeys", "Your passkeys"))
 """The console's sections: path under /console and label."""
 
 STYLE: Final = """
@@ -108,6 +109,11 @@ if (signOut) signOut.addEventListener("click", async () => {
   try { await post("/console/sign-out"); } catch (err) { say(err.message); }
   window.location.assign("/console/sign-in");
 });
+const webauthn = window.PublicKeyCredential
+  && typeof PublicKeyCredential.parseCreationOptionsFromJSON === "function"
+  && typeof PublicKeyCredential.parseRequestOptionsFromJSON === "function";
+const noWebauthn = "This browser cannot use passkeys here (it needs WebAuthn's JSON helpers: "
+  + "Chrome 129+, Firefox 119+, Safari 18.4+); use a sign-in link.";
 const device = document.getElementById("device");
 if (device) {
   const code = document.getElementById("user_code");
@@ -163,9 +169,9 @@ def _document(nonce: str, *, title: str, body: str, csrf: str = "", project: str
 
 def layout(nonce: str, *, title: str, section: str, operator: Operator,
            projects: Sequence[ProjectRef], project: ProjectRef | None, csrf: str,
-           main: str) -> str:
+           main: str, script: str = "") -> str:
     """A signed-in page: the header (sections, project picker, who is signed in) and ``main``
-    under the page's ``<h1>`` ``title``."""
+    under the page's ``<h1>`` ``title``, with the page's own ``script``."""
     pid = project.id if project else None
     current = ' aria-current="page"'
     links = "".join(
@@ -193,7 +199,7 @@ def layout(nonce: str, *, title: str, section: str, operator: Operator,
 <main id="main" tabindex="-1"><h1>{e(title)}</h1>
 <p id="status" role="status" aria-live="polite"></p>
 {main}</main>"""
-    return _document(nonce, title=title, body=body, csrf=csrf, project=pid or "")
+    return _document(nonce, title=title, body=body, csrf=csrf, project=pid or "", script=script)
 
 
 def alert(message: str | None) -> str:
@@ -217,8 +223,10 @@ there; it works once.</p>
 <div class="field"><label for="email">E-mail address</label>
 <input id="email" name="email" type="email" autocomplete="email" required
        aria-describedby="email_hint"></div>
-<p class="hint" id="email_hint">Operators are added by the tenant's owners, with an API key.</p>
-<p><button type="submit" id="send">Email me a sign-in link</button></p>
+<p class="hint" id="email_hint">Operators are added by the tenant's owners, with an API key.
+Once signed in, you can add a passkey and sign in with it next time.</p>
+<p><button type="submit" id="send">Email me a sign-in link</button>
+<button type="button" id="passkey" class="secondary">Sign in with a passkey</button></p>
 </form>
 <p id="status" role="status" aria-live="polite"></p>
 </main>"""
@@ -243,6 +251,35 @@ form.addEventListener("submit", async (event) => {
     say("Could not reach the server; try again.");
   }
   button.disabled = false;
+});
+async function json(path, body) {
+  const response = await fetch(path, {method: "POST", credentials: "same-origin",
+    headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+  const data = await response.json();
+  if (!response.ok) throw new Error(data.error ? data.error.message : "The request was refused.");
+  return data;
+}
+const passkey = document.getElementById("passkey");
+passkey.addEventListener("click", async () => {
+  const address = email.value.trim();
+  if (!address) { say("Enter your e-mail address, then sign in with a passkey."); email.focus(); return; }
+  if (!webauthn) { say(noWebauthn); return; }
+  passkey.disabled = true;
+  say("Signing in with a passkey…");
+  try {
+    const started = await json("/console/sign-in/passkey", {email: address});
+    const credential = await navigator.credentials.get(
+      {publicKey: PublicKeyCredential.parseRequestOptionsFromJSON(started.options)});
+    const grant = await json("/v1/auth/passkey/login/verify?" + new URLSearchParams(
+      {project_id: started.project_id}), credential.toJSON());
+    const session = await json("/console/session",
+      {access_token: grant.access_token, refresh_token: grant.refresh_token});
+    say("Signed in as " + session.operator.email + ".");
+    window.location.assign("/console/recovery");
+  } catch (err) {
+    say(err.name === "NotAllowedError" ? "No passkey was used." : err.message);
+    passkey.disabled = false;
+  }
 });
 """
     return _document(nonce, title="Sign in", body=body, script=script)
@@ -393,3 +430,53 @@ def audit(events: Iterable[AuditEvent] | None, *, project: ProjectRef | None,
     else:
         table = "<p>No event matches.</p>"
     return f"{form}{alert(error)}{exports}{table}{more}"
+
+
+PASSKEYS_SCRIPT: Final = """
+const said = sessionStorage.getItem("authio_console_said");
+if (said) { sessionStorage.removeItem("authio_console_said"); say(said); }
+const add = document.getElementById("add-passkey");
+if (add) add.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  if (!webauthn) { say(noWebauthn); return; }
+  const button = document.getElementById("add");
+  const name = document.getElementById("passkey-name").value.trim();
+  button.disabled = true;
+  say("Adding a passkey…");
+  try {
+    const options = await post("/console/passkeys/options", name ? {name} : {});
+    const credential = await navigator.credentials.create(
+      {publicKey: PublicKeyCredential.parseCreationOptionsFromJSON(options)});
+    const added = await post("/console/passkeys", credential.toJSON());
+    sessionStorage.setItem("authio_console_said", "Added the passkey " + added.name + ".");
+    window.location.reload();  // to list it; the reloaded page says it was added
+  } catch (err) {
+    say(err.name === "NotAllowedError" ? "No passkey was added." : err.message);
+    button.disabled = false;
+  }
+});
+"""
+
+
+def passkeys(keys: Iterable[Passkey], *, error: str | None) -> str:
+    rows = []
+    for k in keys:
+        rows.append(f"""<tr data-row id="{e(k.id)}"><td>{e(k.name)}</td><td>{_when(k.created_at)}</td>
+<td>{_when(k.last_used_at) if k.last_used_at else "never"}</td>
+<td><button type="button" class="secondary" data-post="/console/passkeys/{e(k.id)}/remove"
+ data-done="Removed." data-working="Removing…"
+ aria-label="Remove the passkey {e(k.name)}">Remove</button>
+<span class="outcome" tabindex="-1"></span></td></tr>""")
+    table = f"""<table id="passkeys"><caption>Your passkeys, oldest first</caption>
+<thead><tr><th scope="col">Name</th><th scope="col">Added</th><th scope="col">Last used</th>
+<th scope="col">Remove</th></tr></thead>
+<tbody>{"".join(rows)}</tbody></table>""" if rows else "<p>You have no passkey yet.</p>"
+    form = "" if error else """<form id="add-passkey" novalidate>
+<div class="field"><label for="passkey-name">Name of the new passkey</label>
+<input id="passkey-name" maxlength="100" autocomplete="off" aria-describedby="name_hint"></div>
+<p class="hint" id="name_hint">Such as the device it is on (default: Passkey).</p>
+<p><button type="submit" id="add">Add a passkey</button></p></form>"""
+    return f"""{alert(error)}<p>A passkey signs you in to the console without a mailed link: on the
+sign-in page, enter your address and choose Sign in with a passkey. A removed passkey signs no
+one in any more.</p>
+{table}{form}"""

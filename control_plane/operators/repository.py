@@ -46,10 +46,11 @@ async def of_user(conn: asyncpg.Connection, project_id: str, user_id: str) -> as
     return row
 
 
-async def everywhere(pool: asyncpg.Pool, email: str) -> list[asyncpg.Record]:
+async def everywhere(pool: asyncpg.Pool | asyncpg.Connection, email: str) -> list[asyncpg.Record]:
     """Every operator of ``email`` (case-insensitively), in any tenant: where a console sign-in
-    link for that address goes (``project_id``, ``email`` as the operator was added)."""
+    link for that address goes (``project_id``, ``email`` as the operator was added, and the
+    operator's ``user_id``)."""
     rows: list[asyncpg.Record] = await pool.fetch(
-        "SELECT project_id, email FROM operators WHERE lower(email) = lower($1) ORDER BY id",
+        "SELECT project_id, email, user_id FROM operators WHERE lower(email) = lower($1) ORDER BY id",
         email)
     return rows

@@ -21,6 +21,14 @@ on the tenant's other projects with an :class:`~control_plane.web.actor.Actor` o
   malformed id.
 * The console's session: :func:`console_operator` (a session of the operator project whose user
   is still an operator), :func:`csrf_token` and :func:`check_csrf`, :func:`send_sign_in_links`.
+* Passkeys of operators (the ``passkeys`` domain's rules, in the operator project): the
+  operator project's relying party is the service's own public host and base URL
+  (:func:`console_relying_party`), set by :func:`ensure_relying_party` when the operator
+  project is made (:func:`add_operator`, :func:`bootstrap`) and again, lazily, before every
+  console passkey ceremony, so an operator project made before passkeys were wired, or a
+  changed ``SERVICE_BASE_URL``, is set right without a migration. No API key belongs to the
+  operator project, so nothing else sets it. :func:`passkey_sign_in_options` starts a console
+  sign-in by passkey for an operator's address.
 """
 
 from __future__ import annotations
@@ -29,12 +37,21 @@ import asyncio
 import base64
 import dataclasses
 import hmac
-from typing import Final
+from typing import Any, Final, cast
+from urllib.parse import urlsplit
 
 import asyncpg
+from pydantic import ValidationError
 
 from common.access_tokens import AccessClaims
-from common.errors import Forbidden, NoSession, NotFound, OperatorExists, OperatorNotFound
+from common.errors import (
+    Forbidden,
+    InvalidRequest,
+    NoSession,
+    NotFound,
+    OperatorExists,
+    OperatorNotFound,
+)
 from common.ids import is_id, new_id
 from common.settings import Settings
 from control_plane.audit import service as audit
@@ -42,13 +59,15 @@ from control_plane.kms import LocalKms
 from control_plane.magic_links import service as magic_links
 from control_plane.magic_links.service import SendLimits
 from control_plane.operators import repository
-from control_plane.operators.schemas import Operator, SignInSent
+from control_plane.operators.schemas import Operator, PasskeySignInOptions, SignInSent
+from control_plane.passkeys import service as passkeys
+from control_plane.passkeys.schemas import RequestOptions, WebAuthnConfig
 from control_plane.sessions import service as sessions
 from control_plane.tenancy import service as tenancy
 from control_plane.tenancy.schemas import BootstrapBody, Bootstrapped, OperatorRef, ProjectRef
 from control_plane.users import service as users
 from control_plane.users.schemas import CreateUser, UpdateUser
-from control_plane.web.actor import Actor
+from control_plane.web.actor import Actor, system_actor
 from control_plane.web.pagination import Listing, Page, PageQuery, page_by_id
 from control_plane.web.ratelimit import client_bucket
 
@@ -57,6 +76,7 @@ CONSOLE_LANDING: Final = "/console/verify"
 """Where a link of an operator project lands (the magic-link landing page sends it here): the
 console's own page, which signs in and opens a console session."""
 _CSRF_PURPOSE: Final = b"console_csrf"
+RP_NAME: Final = "authio operator console"
 
 
 def _operator(row: asyncpg.Record) -> Operator:
@@ -71,6 +91,8 @@ async def _add(conn: asyncpg.Connection, actor: Actor, *, tenant_id: str, operat
     project = await tenancy.operator_project(conn, tenant_id, create=True)
     assert project is not None, "an authenticated caller's tenant exists"
     project_id = project.id
+    if console_relying_party(settings) is not None:  # else no passkeys, but operators still
+        await ensure_relying_party(conn, project_id, settings)
     existing = await repository.by_email(conn, tenant_id, email)
     if existing is not None:
         raise OperatorExists(details={"operator_id": existing})
@@ -238,3 +260,83 @@ def chosen_project(projects: list[ProjectRef], project_id: str | None) -> Projec
         if project.id == project_id:
             return project
     raise NotFound("No project with that id in your tenant.")
+
+
+# --- operators' passkeys ------------------------------------------------------------------------
+
+
+def console_relying_party(settings: Settings) -> WebAuthnConfig | None:
+    """The operator project's passkey relying party: ``rp_id`` the host of the service's public
+    base URL (``SERVICE_BASE_URL``), its one origin that URL's scheme, host and port, user
+    verification required (an operator's passkey is a second factor in itself). None when that
+    URL can be no relying party's: an IP address, or plain HTTP on another host than
+    ``localhost`` (browsers allow WebAuthn on secure contexts and domain names only)."""
+    parts = urlsplit(settings.public_base_url)
+    host = parts.hostname or ""
+    origin = f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
+    try:
+        return WebAuthnConfig.model_validate({
+            "rp_id": host, "rp_name": RP_NAME, "origins": [origin],
+            "user_verification": "required"})
+    except (ValidationError, ValueError):
+        return None
+
+
+def _no_relying_party(settings: Settings) -> InvalidRequest:
+    return InvalidRequest.field(
+        "webauthn", f"Passkeys cannot be used on {settings.public_base_url}: the service's base "
+                    "URL (SERVICE_BASE_URL) must be https:// on a domain name, or "
+                    "http://localhost.")
+
+
+async def ensure_relying_party(conn: asyncpg.Connection, project_id: str,
+                               settings: Settings) -> None:
+    """Set the operator project ``project_id``'s relying party to :func:`console_relying_party`
+    unless it is that already (one read then), with ``project.updated`` in the operator project
+    by the ``system`` actor ``operator_console``, in one transaction. Raises InvalidRequest
+    naming ``webauthn`` when the base URL can be no relying party's."""
+    config = console_relying_party(settings)
+    if config is None:
+        raise _no_relying_party(settings)
+    actor = dataclasses.replace(system_actor("operator_console"), project_id=project_id)
+    async with conn.transaction():
+        changed = await passkeys.configure(conn, actor, config=config)
+        if changed is not None:
+            await audit.record(
+                conn, actor, action="project.updated", target_type="project",
+                target_id=project_id,
+                description="Set the operator console's passkey relying party",
+                metadata={"changes": {"webauthn": changed}})
+
+
+def passkey_actor(actor: Actor, claims: AccessClaims) -> Actor:
+    """The operator's own user in the operator project, as the ``passkeys`` rules act for a
+    signed-in user (its passkeys are the user's, and so are their events there)."""
+    return actor.as_user(claims.sub, project_id=claims.pid)
+
+
+async def passkey_sign_in_options(conn: asyncpg.Connection, actor: Actor, *, email: str,
+                                  settings: Settings) -> PasskeySignInOptions:
+    """Request options for a console sign-in by passkey of the operator of ``email``: in the
+    first tenant (the operator added first) where that operator's user has a passkey, the
+    ``passkeys`` rules' login options for that user, in its operator project (whose relying
+    party is set first, :func:`ensure_relying_party`). The page then finishes as any passkey
+    login of that project (``POST /v1/auth/passkey/login/verify``) and opens the console
+    session with its tokens (``POST /console/session``).
+
+    Raises NotFound when the address is no operator's with a passkey, InvalidRequest naming
+    ``webauthn`` when the base URL can be no relying party's."""
+    if console_relying_party(settings) is None:
+        raise _no_relying_party(settings)
+    for row in await repository.everywhere(conn, email):
+        project_id, user_id = row["project_id"], row["user_id"]
+        in_project = dataclasses.replace(actor, project_id=project_id)
+        if not await passkeys.list_passkeys(conn, in_project, user_id=user_id):
+            continue
+        await ensure_relying_party(conn, project_id, settings)
+        options: dict[str, Any] = await passkeys.authentication_options(
+            conn, in_project, email=row["email"], settings=settings)
+        return PasskeySignInOptions(project_id, cast(RequestOptions, options))
+    raise NotFound("No operator has a passkey for this address: sign in with a link, then add "
+                   "a passkey on the console's Passkeys page.",
+                   details={"reason": "no_passkey"})

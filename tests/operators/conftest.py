@@ -1,5 +1,6 @@
 """The console tests' service: its own database (its outbox worker is then the only one that
-delivers its messages), its own Redis prefix, mail over real SMTP, its base URL its own port."""
+delivers its messages), its own Redis prefix, mail over real SMTP, its base URL its own port on
+``localhost`` (the operator project's passkey relying party is that host)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ async def console(console_db: str, settings_factory: Callable[..., Settings], re
     sink = SmtpSink()
     async with smtp_server(sink) as smtp_port, database_pool(console_db) as pool, \
             serving_public(
-                http, settings_factory, database_url=console_db,
+                http, settings_factory, host="localhost", database_url=console_db,
                 redis_prefix=f"{redis_prefix}console:", email_sink="smtp",
                 smtp_host="127.0.0.1", smtp_port=smtp_port, smtp_tls="none",
                 smtp_from="authio console test <no-reply@authio.test>",

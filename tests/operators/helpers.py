@@ -24,6 +24,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from tests.fixtures.peers import SmtpSink
 from tests.fixtures.service import BOOTSTRAP_TOKEN, Api, Project
 
+SENT = "If {email} is an operator's address, a sign-in link is on its way. It expires in 15 minutes."
 LINK_RE = re.compile(r"https?://\S+/v1/auth/magic-link/verify\?\S+#token=\S+")
 SIGN_IN_SUBJECT = "Your sign-in link for "
 
@@ -150,6 +151,17 @@ def follow_link(driver: webdriver.Chrome, link: str) -> str:
     return str(driver.current_url)
 
 
+async def signed_in(driver: webdriver.Chrome, console: ConsoleService, who: Tenant, *,
+                    count: int = 1) -> str:
+    """Sign ``who``'s operator in through the pages, from an empty cookie jar: the sign-in page
+    sends the ``count``-th link, the browser follows it. The URL it ends on."""
+    await asyncio.to_thread(fresh, driver)
+    said = await asyncio.to_thread(request_link, driver, console.base_url, who.operator_email)
+    assert said == SENT.format(email=who.operator_email), said
+    link = await mailed_link(console, who.operator_email, count=count)
+    return str(await asyncio.to_thread(follow_link, driver, link))
+
+
 def open_page(driver: webdriver.Chrome, url: str) -> None:
     driver.get(url)
     WebDriverWait(driver, 10).until(
@@ -185,3 +197,105 @@ def page_fetch(driver: webdriver.Chrome, method: str, path: str, body: Any = Non
 def csrf_of(driver: webdriver.Chrome) -> str:
     return str(driver.execute_script(
         'return document.querySelector(\'meta[name="csrf-token"]\').content'))
+
+
+# --- passkeys (Chromium's virtual authenticator) -------------------------------------------------
+
+
+def add_authenticator(driver: webdriver.Chrome) -> str:
+    """A virtual platform authenticator (CTAP2, internal transport, resident keys, user
+    verification that always succeeds) in the browser, through the Chrome DevTools Protocol;
+    its id, for :func:`remove_authenticator`."""
+    driver.execute_cdp_cmd("WebAuthn.enable", {"enableUI": False})
+    added = driver.execute_cdp_cmd("WebAuthn.addVirtualAuthenticator", {"options": {
+        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True,
+        "hasUserVerification": True, "isUserVerified": True,
+        "automaticPresenceSimulation": True}})
+    return str(added["authenticatorId"])
+
+
+def remove_authenticator(driver: webdriver.Chrome, authenticator_id: str) -> None:
+    driver.execute_cdp_cmd("WebAuthn.removeVirtualAuthenticator",
+                           {"authenticatorId": authenticator_id})
+
+
+def credential_count(driver: webdriver.Chrome, authenticator_id: str) -> int:
+    got = driver.execute_cdp_cmd("WebAuthn.getCredentials", {"authenticatorId": authenticator_id})
+    return len(got["credentials"])
+
+
+def add_passkey(driver: webdriver.Chrome, base_url: str, name: str) -> str:
+    """On the console's passkeys page (signed in), add a passkey named ``name``; what the page
+    said."""
+    open_page(driver, f"{base_url}/console/passkeys")
+    driver.find_element(By.ID, "passkey-name").send_keys(name)
+    driver.find_element(By.ID, "add").click()
+    # Added, the page reloads to list the passkey and says so; refused, it says why.
+    def settled(d: Any) -> str | None:
+        text = str(d.find_element(By.ID, "status").text)
+        return text if text and not text.endswith("…") else None
+    return str(WebDriverWait(driver, 20, ignored_exceptions=(WebDriverException,)).until(settled))
+
+
+def passkey_sign_in(driver: webdriver.Chrome, base_url: str, address: str) -> str:
+    """On the console's sign-in page, sign in with a passkey for ``address``: the path the
+    browser ends on when it left the page, else what the page said."""
+    driver.get(f"{base_url}/console/sign-in")
+    field = driver.find_element(By.ID, "email")
+    field.clear()
+    field.send_keys(address)
+    driver.find_element(By.ID, "passkey").click()
+
+    def settled(d: Any) -> str | None:
+        path, said = d.execute_script(
+            'return [location.pathname, (document.getElementById("status") || {}).textContent'
+            ' || ""]')
+        if path != "/console/sign-in":
+            return str(path) if d.execute_script("return document.readyState") == "complete" \
+                else None
+        return said if said and not said.endswith("…") and not said.startswith("Signed in as") \
+            else None
+    return str(WebDriverWait(driver, 20, ignored_exceptions=(WebDriverException,)).until(settled))
+
+
+CEREMONIES = """
+const [project, accessToken] = arguments;
+const done = arguments[arguments.length - 1];
+async function call(path, body, token) {
+  const headers = {"Content-Type": "application/json"};
+  if (token) headers.Authorization = "Bearer " + token;
+  const r = await fetch(path, {method: "POST", credentials: "omit", headers,
+                               body: JSON.stringify(body)});
+  return {status: r.status, body: await r.json()};
+}
+(async () => {
+  const out = {};
+  const q = "?" + new URLSearchParams({project_id: project});
+  if (accessToken) {
+    const options = await call("/v1/auth/passkey/register/options", {name: "Mine"}, accessToken);
+    const created = await navigator.credentials.create(
+      {publicKey: PublicKeyCredential.parseCreationOptionsFromJSON(options.body)});
+    out.registered = await call("/v1/auth/passkey/register/verify", created.toJSON(), accessToken);
+  }
+  const options = await call("/v1/auth/passkey/login/options" + q, {});
+  const got = await navigator.credentials.get(
+    {publicKey: PublicKeyCredential.parseRequestOptionsFromJSON(options.body)});
+  out.login = await call("/v1/auth/passkey/login/verify" + q, got.toJSON());
+  if (out.login.status === 200) {
+    out.console = await call("/console/session", {access_token: out.login.body.access_token,
+                                                  refresh_token: out.login.body.refresh_token});
+  }
+  return out;
+})().then(done, (err) => done({error: String(err)}));
+"""
+
+
+def ceremonies(driver: webdriver.Chrome, project_id: str,
+               access_token: str | None) -> dict[str, Any]:
+    """From the current page: register a passkey for the user of ``access_token`` (when
+    given) with the public passkey endpoints of ``project_id``, then log in with a passkey
+    there (usernameless) and hand the tokens to ``POST /console/session``. Each answer
+    (``registered``, ``login``, ``console``: ``{status, body}``), or ``error``."""
+    result: dict[str, Any] = driver.execute_async_script(CEREMONIES, project_id,
+                                                         access_token or "")
+    return result

@@ -28,33 +28,21 @@ from tests.fixtures.browser import kept_on_failure
 from tests.fixtures.database import events
 from tests.fixtures.service import assert_error, eventually
 from tests.operators.helpers import (
+    SENT,
     ConsoleService,
     Tenant,
     console_log,
     csrf_of,
     dom_interactive,
-    follow_link,
     fresh,
     mailed_link,
     open_page,
     page_fetch,
     request_link,
+    signed_in,
     status_text,
     tenant,
 )
-
-SENT = "If {email} is an operator's address, a sign-in link is on its way. It expires in 15 minutes."
-
-
-async def signed_in(driver: webdriver.Chrome, console: ConsoleService, who: Tenant, *,
-                    count: int = 1) -> str:
-    """Sign ``who``'s operator in through the pages, from an empty cookie jar: the sign-in page
-    sends the ``count``-th link, the browser follows it. The URL it ends on."""
-    await asyncio.to_thread(fresh, driver)
-    said = await asyncio.to_thread(request_link, driver, console.base_url, who.operator_email)
-    assert said == SENT.format(email=who.operator_email), said
-    link = await mailed_link(console, who.operator_email, count=count)
-    return str(await asyncio.to_thread(follow_link, driver, link))
 
 
 async def user_with_request(who: Tenant) -> tuple[str, str]:
@@ -134,9 +122,9 @@ async def test_an_operator_signs_in_by_a_mailed_link(console: ConsoleService,
         assert f"Signed in as {acme.operator_email}" in header
         # Accessible: the skip link first, then the sections, then sign-out; the current
         # section is marked.
-        order = await asyncio.to_thread(_tab_order, browser, 6)
+        order = await asyncio.to_thread(_tab_order, browser, 7)
         assert order == ["Skip to the page", "Recovery requests", "Device sign-ins", "API keys",
-                         "Audit log", "sign-out"], order
+                         "Audit log", "Your passkeys", "sign-out"], order
         current = await asyncio.to_thread(
             lambda: browser.find_element(By.CSS_SELECTOR, "nav [aria-current='page']").text)
         assert current == "Recovery requests"
