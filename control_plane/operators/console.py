@@ -6,7 +6,12 @@ Signing in: ``GET /console/sign-in`` takes the operator's address and sends a ma
 each tenant whose operator it is (``POST /console/sign-in``). The link is an ordinary one of the
 tenant's operator project; its landing page hands it to ``GET /console/verify``, whose button
 redeems it (``POST /v1/auth/magic-link/verify``) and opens the console session with the tokens
-it answered (``POST /console/session``).
+it answered (``POST /console/session``). By passkey: a signed-in operator adds passkeys to
+their operator-project user on ``/console/passkeys`` (the ``passkeys`` rules, the operator
+project's relying party set by ``operators.ensure_relying_party``); the sign-in page's passkey
+button asks ``POST /console/sign-in/passkey`` for the login options of the operator of an
+address, runs the ordinary ``POST /v1/auth/passkey/login/verify`` of the operator project, and
+opens the console session the same way, with ``POST /console/session``.
 
 The console session is a session of the operator project, nothing of its own: its access token
 in the cookie ``authio_console`` and its refresh token in ``authio_console_refresh`` (both
