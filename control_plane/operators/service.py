@@ -51,6 +51,7 @@ from common.errors import (
     NotFound,
     OperatorExists,
     OperatorNotFound,
+    UserNotFound,
 )
 from common.ids import is_id, new_id
 from common.settings import Settings
@@ -331,7 +332,10 @@ async def passkey_sign_in_options(conn: asyncpg.Connection, actor: Actor, *, ema
     for row in await repository.everywhere(conn, email):
         project_id, user_id = row["project_id"], row["user_id"]
         in_project = dataclasses.replace(actor, project_id=project_id)
-        if not await passkeys.list_passkeys(conn, in_project, user_id=user_id):
+        try:
+            if not await passkeys.list_passkeys(conn, in_project, user_id=user_id):
+                continue
+        except UserNotFound:  # the operator was removed meanwhile
             continue
         await ensure_relying_party(conn, project_id, settings)
         options: dict[str, Any] = await passkeys.authentication_options(
