@@ -2,8 +2,9 @@
 
 The user is seeded through the paths that write data about a user: two magic-link sign-ins and
 a passkey sign-in (sessions, refresh tokens, risk decisions, known devices and last locations,
-messages and links, audit events), a passkey, a membership, a directory's SCIM record of it and a directory group
-it is in, an invitation to its address from another organization, and webhook deliveries of its events that stay pending (the receiver fails and
+messages and links, audit events), a passkey, a membership, a directory's SCIM record of it and
+a directory group it is in, an invitation to its address from another organization, and
+webhook deliveries of its events that stay pending (the receiver fails and
 the retry comes after ten minutes). After the deletion, SQL over every column of every table
 that can hold text (walked from the catalog, so a table added later is covered) finds neither
 the user's id nor its address, except in the request's own record; the audit export and the
