@@ -42,7 +42,7 @@ async def find_by_email(conn: asyncpg.Connection | asyncpg.Pool, project_id: str
     return await repository.find_by_email(conn, project_id, email)
 
 
-def _unique_violation(exc: asyncpg.UniqueViolationError) -> Exception:
+def unique_violation(exc: asyncpg.UniqueViolationError) -> Exception:
     """EmailInUse or PhoneInUse for a violation of the users' unique indexes, else ``exc``."""
     if exc.constraint_name == EMAIL_CONSTRAINT:
         return EmailInUse()
@@ -98,7 +98,8 @@ async def create_user(
     One round trip, new user or existing: the user, its enrollment link, message and event in
     one statement, atomic without a transaction of its own, which answers the existing user
     instead when there is one. The message names the project, whose name comes with the
-    caller's API key (a project's name never changes). What an import is made of."""
+    caller's API key (a project's name never changes), or as ``project_name`` from a caller
+    that is not a key (SCIM). What an import is made of."""
     project_id = actor.project_id
     assert project_id is not None
     if project_name is None:  # a route for API keys (another caller names the project itself)
@@ -111,7 +112,7 @@ async def create_user(
         try:
             outcome = await repository.create(conn, values)
         except asyncpg.UniqueViolationError as exc:
-            raise _unique_violation(exc) from None
+            raise unique_violation(exc) from None
         if outcome is not None:
             user, created = outcome
             if created:
@@ -135,7 +136,7 @@ async def update_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str,
         try:
             updated = await repository.update(conn, project_id, user_id, changes)
         except asyncpg.UniqueViolationError as exc:
-            raise _unique_violation(exc) from None
+            raise unique_violation(exc) from None
         except asyncpg.CheckViolationError:
             raise InvalidRequest.field(
                 "phone_number", "cannot be cleared: the user has no email address") from None
@@ -183,12 +184,6 @@ def update_params(actor: Actor, *, user_id: str, changes: dict[str, Any]) -> dic
             "user_id": user_id, "user_project_id": actor.project_id,
             **audit.event_params(actor, name="user_update_event",
                                  **_updated_event(user_id, changes))}
-
-
-def unique_violation(exc: asyncpg.UniqueViolationError) -> Exception:
-    """EmailInUse or PhoneInUse for a violation of the users' unique indexes (a statement of
-    :data:`update_from`), else ``exc``."""
-    return _unique_violation(exc)
 
 
 async def remove_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str) -> None:
