@@ -19,7 +19,9 @@ port=${AB_PORT:-8181}
 
 run() {  # label dir round
   local label=$1 dir=$2 round=$3
-  SERVICE_ENGINE_PORT=$port OTEL_EXPORTER=none SERVICE_LOG_LEVEL=WARNING \
+  # SERVICE_ENGINE_WORKERS=1: one engine process as before issue 24 (a checkout before it
+  # ignores the variable), so --server-pid measures the whole server.
+  SERVICE_ENGINE_PORT=$port OTEL_EXPORTER=none SERVICE_LOG_LEVEL=WARNING SERVICE_ENGINE_WORKERS=1 \
     "$dir/.venv/bin/authio" serve engine >"$out/$label-$round.log" 2>&1 &
   local pid=$!
   for _ in $(seq 100); do

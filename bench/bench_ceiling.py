@@ -3,7 +3,7 @@ auth with a repeated token, driven by wrk in the same run.
 
     python bench/bench_ceiling.py --dataset bench/data/medium [--concurrency 16,64]
         [--duration 10] [--rounds 2] [--engine-url URL --engine-pid PID] [--token JWT]
-        [--json results.json]
+        [--workers N] [--engine-cpus 0] [--client-cpus 1] [--json results.json]
 
 What it runs, per round and per concurrency level, one after the other:
 
@@ -18,10 +18,18 @@ What it runs, per round and per concurrency level, one after the other:
 
 Each is ``wrk -t1 -c<C> -d<D>`` (``bench/wrk/requests.lua``: requests formatted once, a JSON
 summary at the end) after ``--warmup`` seconds of the same load. The server's CPU time is read
-from ``/proc/<pid>/stat`` around the measured run: **server µs per request** is the figure to
-trust on a shared machine (wrk and the server share the cores, and others may run). Ratios
-compare each path with its bare twin of the same round and level, by requests per second and by
-CPU per request (bare µs / path µs: the throughput ratio a saturated server would reach).
+from ``/proc/<pid>/stat`` around the measured run (the process and all its descendants: an
+engine's workers): **server µs per request** is the figure to trust on a shared machine (wrk and
+the server share the cores, and others may run). What wrk took (``client`` cores, its rusage)
+and what the rest of the machine did meanwhile (``other`` cores: ``/proc/stat``'s busy time
+less server and client) are in the table too. Ratios compare each path with its bare twin of
+the same round and level, by requests per second and by CPU per request (bare µs / path µs: the
+throughput ratio a saturated server would reach).
+
+``--workers N`` starts ``authio serve engine --workers N`` (issue 24; default 1, the single
+process, so the bare twin compares like with like); ``--engine-cpus`` and ``--client-cpus``
+pin the engine (all its workers) and wrk with ``taskset`` (e.g. ``--engine-cpus 0
+--client-cpus 1``: the server on one core, the client on another).
 
 Without ``--engine-url`` the engine is started here (``authio serve engine`` of this checkout,
 ``OTEL_EXPORTER=none`` unless ``--otel-exporter``, log level WARNING, on a free port) against
@@ -35,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -65,6 +74,8 @@ class Row:
     server_cores: float
     server_us_per_request: float
     errors: int
+    client_cores: float = 0.0
+    other_cores: float = 0.0
 
 
 def free_port() -> int:
@@ -73,9 +84,45 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cpu_seconds(pid: int) -> float:
+def _own_cpu(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and every live descendant (an engine's supervisor and its
+    workers). A descendant that ended between two readings is missed: none does in a run."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            total += _own_cpu(p)
+            todo += _children(p)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent busy (``/proc/stat``: all but idle and
+    iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / CLK_TCK
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def wait_http(url: str, timeout: float = 60.0) -> None:
@@ -92,13 +139,16 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+CLIENT_CPUS: list[str] = []  # taskset prefix for wrk (--client-cpus)
+
+
 def wrk(url: str, path: str, *, method: str, headers: str, bodies: Path | None, conc: int,
         seconds: float) -> dict[str, Any]:
     env = {**os.environ, "WRK_METHOD": method, "WRK_PATH": path, "WRK_HEADERS": headers,
            "WRK_BODIES": str(bodies) if bodies else ""}
-    out = subprocess.run(["wrk", "-t1", f"-c{conc}", f"-d{seconds:g}s", "--timeout", "5s",
-                          "-s", str(LUA), url], env=env, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run([*CLIENT_CPUS, "wrk", "-t1", f"-c{conc}", f"-d{seconds:g}s",
+                          "--timeout", "5s", "-s", str(LUA), url], env=env,
+                         capture_output=True, text=True, check=True).stdout
     return dict(json.loads([line for line in out.splitlines() if line.startswith("{")][-1]))
 
 
@@ -106,15 +156,18 @@ def measure(target: str, rnd: int, url: str, pid: int, path: str, *, method: str
             bodies: Path | None, conc: int, seconds: float, warmup: float) -> Row:
     if warmup > 0:
         wrk(url, path, method=method, headers=headers, bodies=bodies, conc=conc, seconds=warmup)
-    before, t0 = cpu_seconds(pid), time.monotonic()
+    before, client0, busy0 = cpu_seconds(pid), _children_cpu(), machine_busy_seconds()
+    t0 = time.monotonic()
     res = wrk(url, path, method=method, headers=headers, bodies=bodies, conc=conc,
               seconds=seconds)
     cpu, wall = cpu_seconds(pid) - before, time.monotonic() - t0
+    client, busy = _children_cpu() - client0, machine_busy_seconds() - busy0
     n = max(res["requests"], 1)
     errors = sum(res[k] for k in ("connect_errors", "read_errors", "write_errors",
                                   "status_errors", "timeouts"))
     return Row(rnd, target, conc, res["requests"] / (res["duration_us"] / 1e6),
-               res["p50_us"] / 1000, res["p99_us"] / 1000, cpu / wall, cpu / n * 1e6, errors)
+               res["p50_us"] / 1000, res["p99_us"] / 1000, cpu / wall, cpu / n * 1e6, errors,
+               client / wall, max(busy - cpu - client, 0.0) / wall)
 
 
 def spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -149,6 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--limit", type=int, default=20_000, help="checks used from checks.jsonl")
     ap.add_argument("--targets", default="bare-check,check,bare-auth,auth")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="engine processes of the engine started here (authio serve engine "
+                         "--workers N; default 1)")
+    ap.add_argument("--engine-cpus", default=None,
+                    help="pin the engine started here to these CPUs (taskset -c LIST)")
+    ap.add_argument("--client-cpus", default=None, help="pin wrk to these CPUs (taskset -c)")
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args(argv)
     if shutil.which("wrk") is None:
@@ -158,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     store_id = args.store_id or json.loads((args.dataset / "store.json").read_text())["store_id"]
     levels = [int(c) for c in args.concurrency.split(",")]
     targets = args.targets.split(",")
+    if args.client_cpus:
+        CLIENT_CPUS[:] = ["taskset", "-c", args.client_cpus]
     bindir = Path(sys.executable).parent
     tmp = Path(tempfile.mkdtemp(prefix="bench_ceiling_"))
     bodies = tmp / "bodies.jsonl"
@@ -187,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             env = {**os.environ, "SERVICE_ENGINE_PORT": str(port),
                    "OTEL_EXPORTER": args.otel_exporter, "SERVICE_LOG_LEVEL": "WARNING"}
-            engine = spawn([str(bindir / "authio"), "serve", "engine"], env, tmp / "engine.log")
+            pin = ["taskset", "-c", args.engine_cpus] if args.engine_cpus else []
+            engine = spawn([*pin, str(bindir / "authio"), "serve", "engine", "--workers",
+                            str(args.workers)], env, tmp / "engine.log")
             engine_url, engine_pid = f"http://127.0.0.1:{port}", engine.pid
         wait_http(bare_url + "/v1/edge/auth")
         wait_http(engine_url + "/readyz", timeout=120)
@@ -209,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         rows: list[Row] = []
         print(f"{'round':>5} {'target':<10} {'conc':>4} {'req/s':>9} {'p50 ms':>7} "
-              f"{'p99 ms':>7} {'cores':>5} {'µs/req':>7} {'errors':>6}")
+              f"{'p99 ms':>7} {'cores':>5} {'µs/req':>7} {'errors':>6} {'client':>6} "
+              f"{'other':>5}")
         for rnd in range(1, args.rounds + 1):
             for conc in levels:
                 for target in targets:
@@ -220,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(f"{rnd:>5} {target:<10} {conc:>4} {row.requests_per_s:>9,.0f} "
                           f"{row.p50_ms:>7.2f} {row.p99_ms:>7.2f} {row.server_cores:>5.2f} "
-                          f"{row.server_us_per_request:>7.1f} {row.errors:>6}", flush=True)
+                          f"{row.server_us_per_request:>7.1f} {row.errors:>6} "
+                          f"{row.client_cores:>6.2f} {row.other_cores:>5.2f}", flush=True)
         print("\nratios to the bare twin (same round and level): by req/s, by server µs/req")
         ratios = []
         for row in rows:

@@ -406,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
            "SERVICE_BASE_URL": f"http://localhost:{control_port}"}
     authio = [str(Path(sys.executable).parent / "authio")]
     control = start([*authio, "serve", "control-plane"], env, "control", control_port)
-    engine = start([*authio, "serve", "engine"], env, "engine")
+    # One engine process (issue 24's default is one per core): the figures are per process.
+    engine = start([*authio, "serve", "engine", "--workers", "1"], env, "engine")
     bare_port = _free_port()
     bare = start([sys.executable, str(HERE / "bare_server.py"), "--port", str(bare_port)], env,
                  "bare", bare_port)
