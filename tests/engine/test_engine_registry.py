@@ -607,6 +607,57 @@ async def test_http_revision_not_reached_while_the_follower_is_held(
     assert (status, body["allowed"], body["revision"]) == (200, True, revision), body
 
 
+async def test_the_head_is_read_only_beyond_what_the_engine_knows(
+        pool: asyncpg.Pool, engine_api: EngineApi, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``at_least_revision`` at or below the store's revision reads nothing; above it, the head
+    is read (once for concurrent askers); a revision a notification announced needs no read
+    even while the follower is held (it is known committed: the check waits, then 503)."""
+    registry = engine_api.app[STORES]
+    real_read = registry._read_head
+    reads: list[str] = []
+
+    async def counting_read(store_id: str, timeout_s: float) -> int | None:
+        reads.append(store_id)
+        return await real_read(store_id, timeout_s)
+
+    monkeypatch.setattr(registry, "_read_head", counting_read)
+    store_id = await create_store(pool, tuples=[("doc:1", "viewer", "user:ann")])
+    path = f"/v1/stores/{store_id}/check"
+    at = {**tk("doc:1", "viewer", "user:ann"), "consistency": {"at_least_revision": 1}}
+    for _ in range(3):
+        status, body, _ = await engine_api.post(path, at)
+        assert (status, body["revision"]) == (200, 1), body
+    assert reads == []
+    status, body, _ = await engine_api.post(path, {**at, "consistency": {"at_least_revision": 7}})
+    assert (status, body["error"]["code"]) == (400, "revision_ahead"), body
+    assert reads == [store_id]
+    reads.clear()
+    assert await asyncio.gather(*(registry.head(store_id, 1.0) for _ in range(10))) == [1] * 10
+    assert reads == [store_id]  # one query for the ten
+    # Committed without a notification, then announced while the catch-up is held by a lock.
+    reads.clear()
+    revision = await write(pool, store_id, writes=[("doc:2", "viewer", "user:ann")], notify=False)
+    ask = {**tk("doc:2", "viewer", "user:ann"), "consistency": {"at_least_revision": revision}}
+    async with pool.acquire() as conn:
+        held = conn.transaction()
+        await held.start()
+        try:
+            await conn.execute("LOCK TABLE tuple_changes IN ACCESS EXCLUSIVE MODE")
+            await pool.execute("SELECT pg_notify($1, $2)", changes.CHANNEL,
+                               changes.payload(store_id, revision))
+            store = registry.peek(store_id)
+            assert store is not None
+            await until(lambda: registry.heard(store) == revision, within=5)
+            status, body, headers = await engine_api.post(path, ask)
+            assert (status, body["error"]["code"]) == (503, "revision_not_reached"), body
+            assert headers["Retry-After"] == "1"
+        finally:
+            await held.rollback()
+    assert reads == []
+    status, body, _ = await engine_api.post(path, ask)
+    assert (status, body["allowed"], body["revision"]) == (200, True, revision), body
+
+
 async def test_http_batch_check(pool: asyncpg.Pool, engine_api: EngineApi) -> None:
     chain = [(f"group:{i}", "member", f"group:{i + 1}#member") for i in range(30)]
     store_id = await create_store(pool, tuples=[("doc:1", "viewer", "user:ann"), *chain])
