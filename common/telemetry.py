@@ -44,9 +44,11 @@ thread with a 2 s timeout, failures are only logged (throttled by ``common.loggi
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import sys
 import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TextIO
@@ -385,6 +387,20 @@ def server_middlewares() -> tuple[Middleware, ...]:
 # -- setup -------------------------------------------------------------------------------------
 
 
+_instance: tuple[int, str] | None = None
+
+
+def _instance_id() -> str:
+    """This process's ``service.instance.id`` (a UUIDv4, as the semantic conventions advise):
+    the engine's workers share a service name and a host, and a collector tells their counters
+    apart by it. Drawn again in a forked child."""
+    global _instance
+    pid = os.getpid()
+    if _instance is None or _instance[0] != pid:
+        _instance = (pid, str(uuid.uuid4()))
+    return _instance[1]
+
+
 def _resource(service_name: str) -> Resource:
     try:
         version = importlib.metadata.version("authio")
@@ -393,6 +409,7 @@ def _resource(service_name: str) -> Resource:
     # Not Resource.create(): it would read OTEL_RESOURCE_ATTRIBUTES; SPEC.md 1.3 lists our knobs.
     return Resource({
         "service.name": service_name, "service.version": version,
+        "service.instance.id": _instance_id(),
         "telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry",
         "telemetry.sdk.version": _sdk_version,
     })

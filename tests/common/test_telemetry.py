@@ -22,8 +22,10 @@ import logging
 import os
 import secrets
 import statistics
+import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +43,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from common import telemetry
 from common.http import envelope_middleware
 from common.logging import ContextFilter, JsonFormatter
 from common.settings import SettingsError, load_settings, parse_otlp_headers
@@ -155,6 +158,19 @@ def test_none_sets_up_nothing(otel_clean: pytest.MonkeyPatch) -> None:
     assert setup_tracing(load_settings(), service_name_default="authio") is None
     assert server_middlewares() == ()
     assert not isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def test_each_process_is_its_own_instance() -> None:
+    """The engine's workers share a service name and a host: their traces and metrics differ by
+    ``service.instance.id``, one UUID per process, the same for its traces and its metrics."""
+    ours = telemetry._resource("authio").attributes["service.instance.id"]
+    assert telemetry._resource("authio-engine").attributes["service.instance.id"] == ours
+    assert uuid.UUID(str(ours)).version == 4
+    other = subprocess.run(
+        [sys.executable, "-c", "from common.telemetry import _resource; "
+                               "print(_resource('authio').attributes['service.instance.id'])"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert uuid.UUID(other) and other != ours
 
 
 # -- redaction, sampler, stdout format (in-process) --------------------------------------------
