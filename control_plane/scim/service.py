@@ -36,7 +36,7 @@ import asyncio
 import hashlib
 import re
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -243,6 +243,21 @@ def _text(name: str, value: str | None, *, required: bool = False) -> str | None
         raise ScimBadRequest(f"{name} is longer than {MAX_TEXT} characters",
                              scim_type="invalidValue")
     return value
+
+
+def _patching(model: Any, payload: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """The change a PATCH makes: ``payload`` read as a PatchOp of ``model`` now (ScimBadRequest
+    when it is not one), applied to the resource it is given. Raises ScimBadRequest,
+    ScimConflict when applied."""
+    patch = read_patch(model, payload)
+
+    def apply(current: Any) -> Any:
+        try:
+            patch.patch(current, scim_policy=POLICY)
+        except (ValidationError, SCIMException) as exc:
+            raise _problem(exc) from None
+        return current
+    return apply
 
 
 def _removals(payload: Any) -> Any:
@@ -630,17 +645,8 @@ async def amend_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller,
                      settings: Settings) -> Shown:
     """PATCH (RFC 7644 3.5.2) of the member. Raises ScimNotFound, ScimBadRequest, ScimConflict,
     ScimPreconditionFailed."""
-    patch = read_patch(UserResource, payload)
-
-    def apply(current: Any) -> Any:
-        try:
-            patch.patch(current, scim_policy=POLICY)
-        except (ValidationError, SCIMException) as exc:
-            raise _problem(exc) from None
-        return current
-
     return await _change_user(conn, actor, caller, user_id=user_id, if_match=if_match,
-                              settings=settings, change=apply)
+                              settings=settings, change=_patching(UserResource, payload))
 
 
 async def _change_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,
@@ -995,17 +1001,8 @@ async def amend_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller
     """PATCH (RFC 7644 3.5.2) of the group: members added, removed (by a ``value`` filter path
     or a remove's ``value``) or replaced. Raises ScimNotFound, ScimBadRequest, ScimConflict,
     ScimPreconditionFailed."""
-    patch = read_patch(Group, payload)
-
-    def apply(current: Any) -> Any:
-        try:
-            patch.patch(current, scim_policy=POLICY)
-        except (ValidationError, SCIMException) as exc:
-            raise _problem(exc) from None
-        return current
-
     return await _change_group(conn, actor, caller, group_id=group_id, if_match=if_match,
-                               settings=settings, change=apply)
+                               settings=settings, change=_patching(Group, payload))
 
 
 async def remove_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,
