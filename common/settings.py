@@ -78,6 +78,14 @@ class Settings(BaseSettings):
     engine_workers: Annotated[int, Field(ge=1, le=512)] | None = Field(
         None, validation_alias=_env("SERVICE_ENGINE_WORKERS")
     )
+    # Which stores an engine replica holds (docs/sharding.md): "all" loads every store at start;
+    # "on_demand" loads a store on its first check and drops it after this many idle seconds.
+    engine_stores: Literal["all", "on_demand"] = Field(
+        "all", validation_alias=_env("SERVICE_ENGINE_STORES")
+    )
+    engine_store_idle_seconds: Annotated[float, Field(gt=0, le=30 * 86_400)] = Field(
+        3600.0, validation_alias=_env("SERVICE_ENGINE_STORE_IDLE_SECONDS")
+    )
     audit_forward_months: Annotated[int, Field(ge=1, le=120)] = Field(
         3, validation_alias=_env("SERVICE_AUDIT_FORWARD_MONTHS")
     )
