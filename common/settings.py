@@ -102,6 +102,12 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
         "INFO", validation_alias=_env("SERVICE_LOG_LEVEL")
     )
+    # TLS served by the process itself (common.tls; docs/tls.md): both files or neither, PEM;
+    # the key's passphrase, when it has one, in a file of its own. Re-read on SIGHUP.
+    tls_cert_file: str | None = Field(None, validation_alias=_env("SERVICE_TLS_CERT_FILE"))
+    tls_key_file: str | None = Field(None, validation_alias=_env("SERVICE_TLS_KEY_FILE"))
+    tls_key_password_file: str | None = Field(
+        None, validation_alias=_env("SERVICE_TLS_KEY_PASSWORD_FILE"))
     # Identity (SPEC.md 2, 3 and 8). Lifetimes in seconds.
     kms_key: SecretStr | None = Field(None, validation_alias=_env("SERVICE_KMS_KEY"))
     kms_key_file: str | None = Field(None, validation_alias=_env("SERVICE_KMS_KEY_FILE"))
@@ -317,6 +323,27 @@ class Settings(BaseSettings):
             raise ValueError("SERVICE_TWILIO_ACCOUNT_SID, SERVICE_TWILIO_AUTH_TOKEN and "
                              "SERVICE_TWILIO_FROM are required when SERVICE_SMS_SINK=twilio")
         return self
+
+    @model_validator(mode="after")
+    def _tls_files(self) -> Settings:
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("SERVICE_TLS_CERT_FILE and SERVICE_TLS_KEY_FILE are given together "
+                             "or not at all")
+        if self.tls_key_password_file and not self.tls_key_file:
+            raise ValueError("SERVICE_TLS_KEY_PASSWORD_FILE needs SERVICE_TLS_KEY_FILE")
+        if self.tls_cert_file and self.tls_key_file:
+            from common.tls import server_context
+
+            try:  # the files make a usable pair now, rather than at the first handshake
+                server_context(self.tls_cert_file, self.tls_key_file, self.tls_key_password_file)
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"SERVICE_TLS_CERT_FILE/SERVICE_TLS_KEY_FILE: {exc}") from None
+        return self
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Whether the services serve HTTPS themselves (``SERVICE_TLS_CERT_FILE`` is set)."""
+        return bool(self.tls_cert_file)
 
     def kek(self) -> bytes | None:
         """The KMS key-encryption key (32 bytes) from ``SERVICE_KMS_KEY`` or the file named by
