@@ -71,6 +71,7 @@ from control_plane.risk import endpoints as risk
 from control_plane.risk import tasks as risk_tasks
 from control_plane.risk.service import RiskEngine
 from control_plane.scim import endpoints as scim
+from control_plane.scim import service as scim_service
 from control_plane.sessions import endpoints as sessions
 from control_plane.sessions import tasks as session_tasks
 from control_plane.sessions.tokens import TokenService
@@ -193,6 +194,7 @@ def setup_control_plane(app: web.Application) -> None:
     board = app[MAINTENANCE_BOARD] = MaintenanceBoard()
     app[TXT_RESOLVER] = TxtResolver(settings.dns_nameservers)
     app[READINESS_DETAIL]["maintenance"] = lambda: board.detail(app.get(PG_POOL))
+    scim_service.follow_memberships()  # directory group tuples follow every membership change
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(_workers)
     for table in route_tables(settings):

@@ -186,6 +186,15 @@ async def set_membership(conn: asyncpg.Connection, membership_id: str, *, role: 
     return membership(row)
 
 
+async def lock_user_memberships(conn: asyncpg.Connection, user_id: str) -> list[asyncpg.Record]:
+    """``organization_id`` and ``status`` of each of the user's memberships, locked, in id
+    order."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """SELECT organization_id, status FROM memberships WHERE user_id = $1 ORDER BY id
+           FOR UPDATE""", user_id)
+    return rows
+
+
 async def delete_membership(conn: asyncpg.Connection, membership_id: str) -> None:
     await conn.execute("DELETE FROM memberships WHERE id = $1", membership_id)
 

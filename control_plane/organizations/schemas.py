@@ -115,6 +115,24 @@ class UserMembership(Membership):
     organization_slug: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class MembershipChange:
+    """A change that may end or restore what memberships grant, as
+    ``service.on_membership_change`` listeners are told it, in the change's transaction.
+
+    * ``user_id``: the member; None for every member of ``organization_id`` (the organization is
+      being deleted: listeners read its memberships themselves, their rows still there).
+    * ``before``: the membership's status before the change (None with ``user_id`` None).
+    * ``after``: its status after the change; None when the membership is being removed (told
+      before its row, and what cascades from it, is deleted).
+    """
+
+    organization_id: str
+    user_id: str | None
+    before: MembershipStatus | None
+    after: MembershipStatus | None
+
+
 class AddMembership(RequestModel):
     user_id: str
     role: Role = DEFAULT_ROLE

@@ -11,14 +11,20 @@
   marked revoked and replaced); the link is queued and ``invitation.created`` recorded in the
   same transaction. ``accept_invitation`` runs when the invited person redeems the link.
 
+Listeners (:func:`on_membership_change`): a domain that derives something from memberships and
+that this one cannot import (``scim`` imports it: its directory groups' tuples) is told, in the
+change's transaction, of every status change, removal, organization deletion and user deletion
+(``users.on_removal``), before rows are deleted, so that it follows them atomically.
+
 Unknown, malformed and other projects' ids are ``*_not_found``; an unknown organization on a
 collection is ``organization_not_found``. Every change records its event in its transaction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 
@@ -45,6 +51,7 @@ from control_plane.organizations.schemas import (
     Invitation,
     InvitationsQuery,
     Membership,
+    MembershipChange,
     MembershipsQuery,
     Organization,
     UpdateMembership,
@@ -59,6 +66,36 @@ from control_plane.web.pagination import Listing, Page, PageQuery, page_by_id
 def _project(actor: Actor) -> str:
     assert actor.project_id is not None
     return actor.project_id
+
+
+# --- listeners ---------------------------------------------------------------------------------
+
+MembershipListener = Callable[[asyncpg.Connection, Actor, MembershipChange], Awaitable[None]]
+"""``listener(conn, actor, change)``, awaited in the change's transaction."""
+_LISTENERS: Final[list[MembershipListener]] = []
+
+
+def on_membership_change(listener: MembershipListener) -> None:
+    """Tell ``listener`` of every change of :class:`MembershipChange` (a membership's status
+    changed, a membership removed, an organization or a user deleted), in the change's
+    transaction, after the membership row is locked (or the organization's, or the user's) and
+    before anything is deleted. A listener that raises rolls the change back. Registered at app
+    setup; registering one again changes nothing."""
+    if listener not in _LISTENERS:
+        _LISTENERS.append(listener)
+    users.on_removal(_user_removed)
+
+
+async def _tell(conn: asyncpg.Connection, actor: Actor, change: MembershipChange) -> None:
+    for listener in _LISTENERS:
+        await listener(conn, actor, change)
+
+
+async def _user_removed(conn: asyncpg.Connection, actor: Actor, user_id: str) -> None:
+    """The user is being deleted: each of its memberships (locked) is removed."""
+    for row in await repository.lock_user_memberships(conn, user_id):
+        await _tell(conn, actor, MembershipChange(row["organization_id"], user_id,
+                                                  row["status"], None))
 
 
 # --- organizations -----------------------------------------------------------------------------
@@ -128,6 +165,7 @@ async def remove_organization(conn: asyncpg.Connection, actor: Actor, *, org_id:
     Raises OrganizationNotFound."""
     async with conn.transaction():
         org = await find_organization(conn, _project(actor), org_id, for_update=True)
+        await _tell(conn, actor, MembershipChange(org_id, None, None, None))
         members = await repository.delete_organization(conn, org_id)
         await audit.record(
             conn, actor, action="organization.deleted", target_type="organization",
@@ -219,6 +257,8 @@ async def update_membership(conn: asyncpg.Connection, actor: Actor, *, org_id: s
             return current
         updated = await repository.set_membership(conn, membership_id, role=role, status=status)
         user_id = current.user_id
+        if status != current.status:
+            await _tell(conn, actor, MembershipChange(org_id, user_id, current.status, status))
         if role != current.role:
             await audit.record(
                 conn, actor, action="membership.role_changed", target_type="membership",
@@ -245,6 +285,7 @@ async def remove_membership(conn: asyncpg.Connection, actor: Actor, *, org_id: s
     async with conn.transaction():
         current = await find_membership(conn, _project(actor), org_id, membership_id,
                                         for_update=True)
+        await _tell(conn, actor, MembershipChange(org_id, current.user_id, current.status, None))
         await repository.delete_membership(conn, membership_id)
         await audit.record(
             conn, actor, action="membership.removed", target_type="membership",

@@ -49,6 +49,13 @@ async def caller(conn: asyncpg.Connection | asyncpg.Pool, token_hash: bytes) -> 
     return row
 
 
+async def token_store(conn: asyncpg.Connection, org_id: str) -> str | None:
+    """The store the organization's SCIM token names (None: no token, or no store)."""
+    store: str | None = await conn.fetchval(
+        "SELECT store_id FROM scim_tokens WHERE organization_id = $1", org_id)
+    return store
+
+
 # --- users -------------------------------------------------------------------------------------
 
 USER_FROM: Final = """memberships m JOIN users u ON u.id = m.user_id
@@ -190,6 +197,21 @@ async def groups_of(conn: asyncpg.Connection, org_id: str, user_id: str) -> list
     return [r["group_id"] for r in await conn.fetch(
         """SELECT group_id FROM scim_group_members WHERE organization_id = $1 AND user_id = $2
            ORDER BY group_id""", org_id, user_id)]
+
+
+async def lock_active_members(conn: asyncpg.Connection, org_id: str) -> list[tuple[str, str]]:
+    """The (group, user) pairs of the organization's groups whose member's membership is
+    active, with the organization's groups and then its memberships locked (in id order)."""
+    await conn.execute("SELECT 1 FROM scim_groups WHERE organization_id = $1 ORDER BY id "
+                       "FOR UPDATE", org_id)
+    await conn.execute("SELECT 1 FROM memberships WHERE organization_id = $1 ORDER BY id "
+                       "FOR UPDATE", org_id)
+    rows = await conn.fetch(
+        """SELECT gm.group_id, gm.user_id FROM scim_group_members gm
+           JOIN memberships m ON m.organization_id = gm.organization_id AND m.user_id = gm.user_id
+           WHERE gm.organization_id = $1 AND m.status = 'active'
+           ORDER BY gm.group_id, gm.user_id""", org_id)
+    return [(r["group_id"], r["user_id"]) for r in rows]
 
 
 # --- groups ------------------------------------------------------------------------------------

@@ -18,7 +18,10 @@ operators"; events ``scim.user.synced``, ``scim.group.synced``, ``scim.token.cre
   is the tuple ``group:g#member@user:u`` there, written through the store's change log in the
   same transaction as the change, so a directory group grants what the store's model gives
   ``group:g#member`` and the engine checks it (a suspended member's tuples are deleted, and
-  written again when it is active again).
+  written again when it is active again). That holds however the membership changes: a status
+  change, a removal, the organization's or the user's deletion through the management API are
+  followed too (:func:`follow_memberships`, registered at app setup: ``organizations`` tells its
+  listeners in the change's transaction, and cannot import this module).
 * PATCH (RFC 7644 3.5.2) is scim2-models' ``PatchOp.patch`` on the resource as the service
   shows it, under ``schemas.POLICY``; the outcome is then stored like a PUT's.
 * Versions: a resource's ``meta.version`` is a weak ETag of what the service shows of it;
@@ -83,7 +86,7 @@ from control_plane.authz import service as authz
 from control_plane.authz.schemas import WriteBody
 from control_plane.kms import LocalKms
 from control_plane.organizations import service as organizations
-from control_plane.organizations.schemas import UpdateMembership
+from control_plane.organizations.schemas import MembershipChange, UpdateMembership
 from control_plane.scim import filters, repository
 from control_plane.scim.schemas import (
     ENTERPRISE_URN,
@@ -498,16 +501,11 @@ async def _put_user(conn: asyncpg.Connection, caller: ScimCaller, user_id: str,
 
 async def _set_active(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,
                       user_id: str, membership_id: str, active: bool) -> int:
-    """Activate or suspend the membership, with the group tuples that follow; suspending revokes
-    every session of the user. Returns how many sessions were revoked."""
-    org_id = caller.organization_id
+    """Activate or suspend the membership (its group tuples follow: :func:`_membership_changed`);
+    suspending revokes every session of the user. Returns how many sessions were revoked."""
     await organizations.update_membership(
-        conn, actor, org_id=org_id, membership_id=membership_id,
+        conn, actor, org_id=caller.organization_id, membership_id=membership_id,
         body=UpdateMembership(status="active" if active else "suspended"))
-    groups = await repository.groups_of(conn, org_id, user_id)
-    pairs = [(g, user_id) for g in groups]
-    await _tuples(conn, actor, caller, writes=pairs if active else [],
-                  deletes=[] if active else pairs)
     if active:
         return 0
     return await sessions.revoke_user_sessions(conn, user_id=user_id, reason="scim_deactivated")
@@ -752,14 +750,12 @@ async def _change_membership(conn: asyncpg.Connection, actor: Actor, caller: Sci
 async def deprovision_user(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,
                            user_id: str, if_match: str | None, settings: Settings) -> None:
     """DELETE: the membership goes (and with it the user's place in the organization's groups,
-    and their tuples), every session of the user is revoked; the user stays. Raises
+    and their tuples: :func:`_membership_changed`), every session of the user is revoked; the user stays. Raises
     ScimNotFound, ScimPreconditionFailed."""
     org_id = caller.organization_id
     async with conn.transaction():
         row, _ = await _locked_user(conn, caller, user_id, base_url(settings), if_match)
         groups = await repository.groups_of(conn, org_id, user_id)
-        if row["status"] == "active":
-            await _tuples(conn, actor, caller, writes=[], deletes=[(g, user_id) for g in groups])
         revoked = await sessions.revoke_user_sessions(conn, user_id=user_id,
                                                       reason="scim_deprovisioned")
         await organizations.remove_membership(conn, actor, org_id=org_id,
@@ -864,11 +860,11 @@ async def _check_members(conn: asyncpg.Connection, caller: ScimCaller,
     return statuses
 
 
-async def _tuples(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,
+async def _tuples(conn: asyncpg.Connection, actor: Actor, store_id: str | None, *,
                   writes: list[tuple[str, str]], deletes: list[tuple[str, str]]) -> None:
     """Write and delete the tuples ``group:<g>#member@user:<u>`` of the (group, user) pairs in
-    the organization's store (none: nothing to do), 1,000 a revision."""
-    if caller.store_id is None or not (writes or deletes):
+    the organization's store ``store_id`` (none: nothing to do), 1,000 a revision."""
+    if store_id is None or not (writes or deletes):
         return
     items = [("writes", pair) for pair in writes] + [("deletes", pair) for pair in deletes]
     for start in range(0, len(items), TUPLES_PER_WRITE):
@@ -876,8 +872,39 @@ async def _tuples(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller, *,
         for kind, (group_id, user_id) in items[start:start + TUPLES_PER_WRITE]:
             body[kind].append({"object": f"group:{group_id}", "relation": "member",
                                "user": f"user:{user_id}"})
-        await authz.write_tuples_in(conn, actor, store_id=caller.store_id,
+        await authz.write_tuples_in(conn, actor, store_id=store_id,
                                     body=WriteBody.model_validate(body))
+
+
+async def _membership_changed(conn: asyncpg.Connection, actor: Actor,
+                              change: MembershipChange) -> None:
+    """The group tuples that follow a membership change however it was made (SCIM, or the
+    management API's ``/v1/organizations/.../memberships`` and deletions): a member's tuples
+    exist while its membership is active. In the change's transaction; the organization's
+    token names the store (none: nothing to do)."""
+    org_id = change.organization_id
+    store_id = await repository.token_store(conn, org_id)
+    if store_id is None:
+        return
+    if change.user_id is None:  # the organization is being deleted
+        # Its groups, then its memberships, locked before the store: the order a SCIM change
+        # of a group takes them in (a deadlock otherwise, the deletion cascading to both).
+        pairs = await repository.lock_active_members(conn, org_id)
+        await _tuples(conn, actor, store_id, writes=[], deletes=pairs)
+        return
+    was, now = change.before == "active", change.after == "active"
+    if was == now:
+        return
+    pairs = [(g, change.user_id) for g in await repository.groups_of(conn, org_id,
+                                                                      change.user_id)]
+    await _tuples(conn, actor, store_id, writes=pairs if now else [],
+                  deletes=[] if now else pairs)
+
+
+def follow_memberships() -> None:
+    """Keep the directory groups' tuples following membership changes made outside SCIM (app
+    setup; once is enough, again changes nothing)."""
+    organizations.on_membership_change(_membership_changed)
 
 
 async def _set_members(conn: asyncpg.Connection, actor: Actor, caller: ScimCaller,
@@ -894,7 +921,7 @@ async def _set_members(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
                                  {**{u: after[u] for u in added}, **renamed})
     if removed:
         statuses.update(await repository.member_statuses(conn, caller.organization_id, removed))
-    await _tuples(conn, actor, caller,
+    await _tuples(conn, actor, caller.store_id,
                   writes=[(group_id, u) for u in added if statuses.get(u) == "active"],
                   deletes=[(group_id, u) for u in removed if statuses.get(u) == "active"])
     return added, removed, bool(renamed)
@@ -1017,7 +1044,7 @@ async def remove_group(conn: asyncpg.Connection, actor: Actor, caller: ScimCalle
         members = [m["value"] for m in row["members"]]
         statuses = await repository.member_statuses(conn, caller.organization_id, members) \
             if members else {}
-        await _tuples(conn, actor, caller, writes=[], deletes=[
+        await _tuples(conn, actor, caller.store_id, writes=[], deletes=[
             (group_id, u) for u in members if statuses.get(u) == "active"])
         await repository.delete_group(conn, group_id)
         await _group_event(conn, actor, caller, group_id, change="deleted", fields=[],

@@ -9,7 +9,8 @@
   unless ``email_verified`` comes with it.
 * :func:`remove_user` deletes the user (memberships, sessions and tokens cascade), revokes its
   live sessions at the edge, leaves its risk decisions without its id, and records
-  ``user.deleted``.
+  ``user.deleted``. What other domains derive from the user is told first, in the same
+  transaction (:func:`on_removal`: organizations, and through them the SCIM group tuples).
 
 A user of another project, an unknown id and a malformed id are all ``user_not_found``.
 """
@@ -17,7 +18,8 @@ A user of another project, an unknown id and a malformed id are all ``user_not_f
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
 import asyncpg
 
@@ -186,6 +188,20 @@ def update_params(actor: Actor, *, user_id: str, changes: dict[str, Any]) -> dic
                                  **_updated_event(user_id, changes))}
 
 
+RemovalListener = Callable[[asyncpg.Connection, Actor, str], Awaitable[None]]
+"""``listener(conn, actor, user_id)``: the user is being deleted (its rows are still there)."""
+_REMOVAL_LISTENERS: Final[list[RemovalListener]] = []
+
+
+def on_removal(listener: RemovalListener) -> None:
+    """Call ``listener`` in the transaction of every :func:`remove_user`, with the user's row
+    locked and before anything of the user is deleted, so that a domain this one cannot import
+    (``organizations`` imports ``users``) undoes what it derived from the user in the same
+    transaction. Registered once, at app setup; registering it again changes nothing."""
+    if listener not in _REMOVAL_LISTENERS:
+        _REMOVAL_LISTENERS.append(listener)
+
+
 async def remove_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str) -> None:
     """Hard-delete the user with ``user.deleted``; its live sessions are revoked in the same
     transaction, their revocations recorded for the announcer (``sessions``). Raises
@@ -194,6 +210,8 @@ async def remove_user(conn: asyncpg.Connection, actor: Actor, *, user_id: str) -
     assert project_id is not None
     async with conn.transaction():
         user = await find_user(conn, project_id, user_id, for_update=True)
+        for listener in _REMOVAL_LISTENERS:
+            await listener(conn, actor, user_id)
         revoked = await sessions.revoke_user_sessions(conn, user_id=user_id,
                                                       reason="user_deleted")
         await risk.forget_user(conn, project_id=project_id, user_id=user_id)

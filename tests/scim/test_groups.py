@@ -250,3 +250,73 @@ async def test_okta_request_sequence(project: Project) -> None:
     r = await d.get('/Groups?filter=displayName eq "Test SCIMv2 b"&startIndex=1&count=100')
     assert [g["id"] for g in r.body["Resources"]] == [gid]
     assert (await d.delete(f"/Groups/{gid}")).status == 204
+
+
+async def test_group_tuples_follow_membership_changes_made_outside_scim(
+        project: Project, db: asyncpg.Pool) -> None:
+    """The rule holds however the membership changes: a member's tuples exist while it is in the
+    group and its membership is active. Suspending, reactivating and removing the membership
+    through ``/v1/organizations``, deleting the user through ``/v1/users`` and deleting the
+    organization each change what the engine answers, in the change's own transaction."""
+    store = (await project.api.post("/v1/stores", {"name": "directory"})).body["id"]
+    d = await directory(project, store_id=store)
+    anne, bob, carol = await _users(d, 3)
+    r = await d.post("/Groups", {"schemas": [GROUP], "displayName": "Engineering",
+                                 "members": [{"value": u} for u in (anne, bob, carol)]})
+    assert r.status == 201, r.body
+    group = r.body["id"]
+    r = await project.api.post(f"/v1/stores/{store}/write", {"writes": [
+        {"object": "document:plan", "relation": "viewer", "user": f"group:{group}#member"}]})
+    assert r.status == 200, r.body
+    assert [await _check(project, store, u) for u in (anne, bob, carol)] == [True, True, True]
+    listed = await project.api.get(f"/v1/organizations/{d.org_id}/memberships?limit=100")
+    membership = {m["user_id"]: m["id"] for m in listed.body["data"]}
+    path = f"/v1/organizations/{d.org_id}/memberships"
+
+    r = await project.api.request("PATCH", f"{path}/{membership[anne]}",
+                                  json={"status": "suspended"})
+    assert r.status == 200 and r.body["status"] == "suspended", r.body
+    assert not await _check(project, store, anne)
+    assert await _check(project, store, bob)
+    # The directory still lists the suspended member in its group; it is shown inactive.
+    assert (await d.get(f"/Users/{anne}")).body["active"] is False
+    assert anne in [m["value"] for m in (await d.get(f"/Groups/{group}")).body["members"]]
+    # A role change alone leaves the tuples as they are.
+    r = await project.api.request("PATCH", f"{path}/{membership[bob]}", json={"role": "admin"})
+    assert r.status == 200, r.body
+    assert await _check(project, store, bob)
+
+    r = await project.api.request("PATCH", f"{path}/{membership[anne]}", json={"status": "active"})
+    assert r.status == 200, r.body
+    assert await _check(project, store, anne)
+
+    r = await project.api.request("DELETE", f"{path}/{membership[anne]}")
+    assert r.status == 200, r.body
+    assert not await _check(project, store, anne)
+    assert anne not in [m["value"] for m in (await d.get(f"/Groups/{group}")).body["members"]]
+
+    r = await project.api.request("DELETE", f"/v1/users/{carol}")
+    assert r.status == 200, r.body
+    assert not await _check(project, store, carol)
+
+    # A suspended member's removal has no tuples to delete: nothing is written for it.
+    written = len(await events(db, project.id, "authz.tuples.written"))
+    r = await project.api.request("PATCH", f"{path}/{membership[bob]}",
+                                  json={"status": "suspended"})
+    assert r.status == 200 and not await _check(project, store, bob)
+    r = await project.api.request("PATCH", f"{path}/{membership[bob]}", json={"status": "active"})
+    assert r.status == 200 and await _check(project, store, bob)
+    assert len(await events(db, project.id, "authz.tuples.written")) == written + 2
+
+    r = await project.api.request("DELETE", f"/v1/organizations/{d.org_id}")
+    assert r.status == 200, r.body
+    assert not await _check(project, store, bob)
+    assert await _tuples(project, store) == set()
+    # Each change went through the store's change log with its audit event, by the API key.
+    writes = [e for e in await events(db, project.id, "authz.tuples.written")
+              if e["actor_type"] == "api_key"]
+    deleted = [c["user"] for e in writes for c in e["metadata"]["changes"]
+               if c["operation"] == "delete"]
+    assert sorted(deleted) == sorted(f"user:{u}" for u in (anne, anne, carol, bob, bob))
+    status = await events(db, project.id, "membership.status_changed")
+    assert len(status) == 4
