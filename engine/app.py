@@ -40,7 +40,8 @@ async def _registry_ctx(app: web.Application) -> AsyncIterator[None]:
     follower = KeyFollower(keys)
     registry = StoreRegistry(
         pool=app[PG_POOL], dsn=settings.database_url, poll_seconds=settings.engine_poll_seconds,
-        followers=(follower.follower,),
+        followers=(follower.follower,), stores=settings.engine_stores,
+        idle_seconds=settings.engine_store_idle_seconds,
     )
     app[STORES], app[KEYS] = registry, keys
     registry.start()
@@ -62,8 +63,9 @@ def setup_engine(app: web.Application) -> None:
     store registry and the signing keys (started in a cleanup context; load in the background),
     their readiness probe (``/readyz`` answers 503 until every store is loaded and caught up and
     the signing keys are read, then 200, with status ``stale`` while the registry cannot follow
-    the change log), the check routes, and edge session validation (``engine.edge``: its
-    revocation mirror and routes)."""
+    the change log; with ``SERVICE_ENGINE_STORES=on_demand`` no store is loaded at start, and
+    ready means the change-log follower is listening and the keys are read), the check routes,
+    and edge session validation (``engine.edge``: its revocation mirror and routes)."""
     install_resources(app)
     app.cleanup_ctx.append(_registry_ctx)
     app.cleanup_ctx.append(edge.edge_ctx)

@@ -24,6 +24,19 @@ Life cycle of a :class:`StoreRegistry` (DESIGN.md "Two services, one product"):
    the listener connected, that is once the engine has caught up.
 3. ``close()`` cancels every task and closes the listener connection.
 
+On-demand mode (``stores="on_demand"``, ``SERVICE_ENGINE_STORES=on_demand``; docs/sharding.md):
+for an engine replica behind an ingress that shards checks by ``store_id``, which should hold
+only the stores routed to it. No snapshot: the registry is :attr:`~StoreRegistry.ready` as soon
+as the listener is connected. A store is loaded on its first lookup (:meth:`StoreRegistry.find`:
+one load per store however many requests ask, each waiting at most its bound, then ``not_ready``
+503 with ``Retry-After`` while the load goes on; a failed load raises to the requests that
+waited on it and the next request starts another), then followed like any other. Notifications
+and polls only concern stores in memory (the poll reads their rows alone); a notification heard
+while a store loads is kept and caught up after. A store no lookup touched for
+``idle_seconds`` is dropped (a sweep every quarter of that, at most every minute, so a store is
+dropped between ``idle_seconds`` and 1.25 times that after its last use); its next lookup loads
+it again from a new snapshot, which holds every change made meanwhile.
+
 Other feeds may share the listener connection (:class:`Follower`: ``engine.keys`` follows the
 signing-key channel of :mod:`common.jwks` this way): each hears its channel's payloads, and is
 told after every (re)connection, since what was sent while nobody listened is gone.
@@ -48,16 +61,17 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import asyncpg
 from cachetools import TTLCache
 
 from common import changes
 from common.errors import NotReady
+from engine import store_metrics
 from engine.graph import StoreGraph, gc_paused
 
-__all__ = ["Follower", "LoadedStore", "StoreRegistry"]
+__all__ = ["Follower", "LoadedStore", "StoreMode", "StoreRegistry"]
 
 log = logging.getLogger("authio.engine.registry")
 
@@ -65,7 +79,23 @@ PROBE_SECONDS_MAX: Final = 5.0
 """The longest default period of the listener's probe (``SERVICE_ENGINE_POLL_SECONDS`` may be
 much longer: a silent listener would then go unnoticed for as long)."""
 
+StoreMode = Literal["all", "on_demand"]
+"""Which stores a registry holds: every store from start (``all``), or the ones asked for
+(``on_demand``, see the module docstring)."""
+
+ON_DEMAND_FREEZE_ROWS: Final = 100_000
+"""In on-demand mode, a store loaded with at least this many tuples is moved out of the
+collected generations (``gc.freeze()``) as the start-up snapshot is: a full collection would
+otherwise walk it. Smaller ones are left to the collector: each freeze also keeps whatever
+cyclic garbage exists at that moment, and a replica loads stores all its life."""
+
+IDLE_SWEEP_SECONDS_MAX: Final = 60.0
+"""The longest period of the idle sweep (on-demand mode)."""
+
 _STORES_SQL: Final = "SELECT id, project_id, revision FROM stores"
+# On-demand mode's poll: the rows of the stores in memory only (the primary key).
+_SOME_STORES_SQL: Final = (
+    "SELECT id, project_id, revision FROM stores WHERE id = ANY($1::text[])")
 _STORE_SQL: Final = "SELECT project_id, revision FROM stores WHERE id = $1"
 _HEAD_SQL: Final = "SELECT revision FROM stores WHERE id = $1"  # the primary key
 # The node key "object#relation" is joined here, not per row in Python (StoreGraph.load_nodes).
@@ -110,12 +140,16 @@ class LoadedStore:
     * ``graph``: its tuples (mutated in place as changes are applied).
     * ``revision``: the store revision ``graph`` reflects exactly (the ``tuple_changes`` cursor);
       only ever increases.
+    * ``used``: set by every :meth:`StoreRegistry.peek` that finds it, cleared by the idle sweep
+      (on-demand mode), which then notes ``idle_since`` (``time.monotonic()`` seconds).
     """
 
     id: str
     project_id: str
     graph: StoreGraph
     revision: int
+    used: bool = False
+    idle_since: float = 0.0
 
 
 def _unescape_copy(field: str) -> str:
@@ -196,6 +230,9 @@ class StoreRegistry:
     graphs hold no reference cycles and are still freed by reference counting, and a full
     collection no longer walks them (measured: about 65 ms per full collection with 1M tuples
     loaded, about 0 after). The collection before freezing runs before the snapshot, not after.
+    ``stores`` is ``"all"`` (the snapshot of every store at start) or ``"on_demand"`` (see the
+    module docstring), with ``idle_seconds`` (s) before an unused store is dropped (on-demand
+    only).
     """
 
     def __init__(
@@ -211,7 +248,16 @@ class StoreRegistry:
         listener_probe_seconds: float | None = None,
         freeze_gc: bool = True,
         followers: Iterable[Follower] = (),
+        stores: StoreMode = "all",
+        idle_seconds: float = 3600.0,
     ) -> None:
+        if stores not in ("all", "on_demand"):
+            raise ValueError(f"stores must be 'all' or 'on_demand', not {stores!r}")
+        if idle_seconds <= 0:
+            raise ValueError("idle_seconds must be positive")
+        self.on_demand = stores == "on_demand"
+        """True in on-demand mode (read only)."""
+        self._idle_seconds = idle_seconds
         self._pool = pool
         self._dsn = dsn
         self._poll_seconds = poll_seconds
@@ -231,7 +277,8 @@ class StoreRegistry:
         self._heads: dict[str, asyncio.Task[int | None]] = {}  # head lookups in flight
         self._dirty: set[str] = set()
         self._waiters: dict[str, list[tuple[int, asyncio.Future[None]]]] = {}
-        self._early: dict[str, int] | None = {}  # notifications heard before the snapshot
+        # Notifications heard before the snapshot (none to wait for in on-demand mode).
+        self._early: dict[str, int] | None = None if self.on_demand else {}
         self._ready = asyncio.Event()
         self._listener: Any = None  # asyncpg.Connection
         self._listener_lost = asyncio.Event()
@@ -241,17 +288,23 @@ class StoreRegistry:
         """True while the engine cannot follow the change log (see the module docstring): its
         stores are as of their last revision, which may be behind. A plain attribute: the check
         path reads it on every answer."""
+        store_metrics.watch(self)
 
     # -- public surface ----------------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
-        """True once the snapshot is loaded and every store caught up (stays true afterwards)."""
+        """True once the snapshot is loaded and every store caught up (on-demand mode: once the
+        listener is connected); stays true afterwards."""
         return self._ready.is_set()
 
     def __len__(self) -> int:
         """Number of stores in memory."""
         return len(self._stores)
+
+    def tuples(self) -> int:
+        """Number of tuples in memory, over every store (O(stores))."""
+        return sum(len(s.graph) for s in list(self._stores.values()))
 
     def start(self) -> None:
         """Spawn the runner (listen, snapshot, catch up, then follow). Returns at once.
@@ -273,8 +326,12 @@ class StoreRegistry:
         return self._ready.is_set()
 
     def peek(self, store_id: str) -> LoadedStore | None:
-        """The store if it is in memory, without any I/O (the hot path's first try)."""
-        return self._stores.get(store_id)
+        """The store if it is in memory, without any I/O (the hot path's first try); marks it
+        used (one attribute store: what the idle sweep of on-demand mode reads)."""
+        store = self._stores.get(store_id)
+        if store is not None:
+            store.used = True
+        return store
 
     async def get(self, store_id: str) -> LoadedStore | None:
         """The store ``store_id``, loading it from PostgreSQL when not in memory; None if absent.
@@ -298,12 +355,27 @@ class StoreRegistry:
     async def find(self, store_id: str, ready_timeout_s: float) -> LoadedStore | None:
         """:meth:`get` for a request: waits at most ``ready_timeout_s`` seconds for the start-up
         load, then raises ``common.errors.NotReady`` (503 ``not_ready``) instead of waiting on.
-        None if absent; raises what :meth:`get` raises."""
+        In on-demand mode the store's own load is bounded the same way (``not_ready`` with
+        ``Retry-After: 1``; the load goes on, and a retry finds it or waits on the same load).
+        None if absent; raises what :meth:`get` raises (a failed load: asyncpg / OSError, 503
+        ``db_unavailable`` through the envelope; the next request starts another load)."""
         store = self._stores.get(store_id)
         if store is None:
             if not self.ready and not await self.wait_ready(ready_timeout_s):
                 raise NotReady()
-            store = await self.get(store_id)
+            if not self.on_demand:
+                return await self.get(store_id)
+            bound = asyncio.timeout(ready_timeout_s)
+            try:
+                async with bound:
+                    store = await self.get(store_id)
+            except TimeoutError:
+                if not bound.expired():
+                    raise  # the load's own
+                raise NotReady("The store is loading into this engine; retry.",
+                               headers={"Retry-After": "1"}) from None
+            if store is not None:
+                store.used = True
         return store
 
     async def wait_for(self, store: LoadedStore, revision: int, timeout_s: float) -> bool:
@@ -401,6 +473,19 @@ class StoreRegistry:
 
     async def _run(self) -> None:
         await self._retry("open the listener", self._connect_listener)
+        if self.on_demand:
+            if self._freeze_gc:
+                gc.collect()
+                gc.freeze()  # start-up's modules and objects: no store yet
+            self._ready.set()
+            log.info("engine ready: stores load on demand, dropped after %.0f s unused",
+                     self._idle_seconds)
+            self._tasks.append(asyncio.create_task(self._poll_loop(), name="engine-poll"))
+            self._tasks.append(asyncio.create_task(self._keep_listening(), name="engine-listen"))
+            self._tasks.append(asyncio.create_task(self._probe_loop(),
+                                                   name="engine-listen-probe"))
+            self._tasks.append(asyncio.create_task(self._idle_loop(), name="engine-idle"))
+            return
         if self._freeze_gc:
             # Collect while the heap is still small: after the snapshot a full collection walks
             # every container of the graphs (0.2-0.6 s with 1M tuples, all in the youngest
@@ -567,6 +652,12 @@ class StoreRegistry:
                 self._request_catch_up(store_id)
             return
         self._missing.pop(store_id, None)  # it exists now, whatever we remembered
+        if self.on_demand:
+            # Not held here: nothing to do, unless a load is under way, whose snapshot may
+            # predate this revision (caught up once it is in: _load_done).
+            if store_id in self._loads and revision > self._load_hint.get(store_id, -1):
+                self._load_hint[store_id] = revision
+            return
         self._request_load(store_id, revision)
 
     # -- snapshot, loads, polls --------------------------------------------------------------
@@ -622,9 +713,11 @@ class StoreRegistry:
             return
         exc = task.exception()
         if exc is not None:
+            store_metrics.loaded("failed")
             log.warning("engine could not load store %s", store_id, exc_info=exc)
             return
         store = task.result()
+        store_metrics.loaded("missing" if store is None else "loaded")
         if store is None:
             if hint >= 0:
                 # Heard of it while a lookup that began before its creation was running: again.
@@ -647,20 +740,28 @@ class StoreRegistry:
             with gc_paused():
                 await conn.copy_from_query(_STORE_TUPLES_SQL, store_id, output=sink,
                                            timeout=self._load_timeout)
+                if self.on_demand and self._freeze_gc and sink.rows >= ON_DEMAND_FREEZE_ROWS:
+                    gc.freeze()  # before the collector resumes (see ON_DEMAND_FREEZE_ROWS)
             sink.finish()
         current = self._stores.get(store_id)
         if current is not None:  # appeared meanwhile (cannot happen while loads are single-flight)
             return current
-        store = LoadedStore(store_id, row["project_id"], graph, row["revision"])
+        store = LoadedStore(store_id, row["project_id"], graph, row["revision"],
+                            idle_since=time.monotonic())
         self._install((store,))
-        log.debug("engine loaded store %s: %d tuples at revision %d in %.3f s",
-                 store_id, sink.rows, store.revision, time.perf_counter() - started)
+        # One line per load: at INFO in on-demand mode, where loads are the replica's life.
+        log.log(logging.INFO if self.on_demand else logging.DEBUG,
+                "engine loaded store %s: %d tuples at revision %d in %.3f s",
+                store_id, sink.rows, store.revision, time.perf_counter() - started)
         return store
 
     async def _poll_once(self) -> None:
         known_before = set(self._stores)
         async with asyncio.timeout(self._contact_timeout):
-            rows = await self._pool.fetch(_STORES_SQL)
+            if self.on_demand:  # only what is in memory (a store loading has its own snapshot)
+                rows = await self._pool.fetch(_SOME_STORES_SQL, list(known_before))
+            else:
+                rows = await self._pool.fetch(_STORES_SQL)
         pending: list[asyncio.Future[Any]] = []
         seen: set[str] = set()
         for row in rows:
@@ -668,6 +769,8 @@ class StoreRegistry:
             seen.add(store_id)
             store = self._stores.get(store_id)
             if store is None:
+                if self.on_demand:
+                    continue  # dropped while the poll ran
                 self._missing.pop(store_id, None)
                 pending.append(self._request_load(store_id, row["revision"]))
             elif row["revision"] > store.revision:
@@ -686,8 +789,37 @@ class StoreRegistry:
         self._heard.pop(store_id, None)
         store = self._stores.pop(store_id, None)
         if store is not None:
+            store_metrics.dropped("deleted")
             log.info("engine dropped deleted store %s", store_id)
             self._wake(store)
+
+    # -- on-demand mode: dropping idle stores -------------------------------------------------
+
+    async def _idle_loop(self) -> None:
+        period = min(max(self._idle_seconds / 4, 0.05), IDLE_SWEEP_SECONDS_MAX)
+        while True:
+            await asyncio.sleep(period)
+            self.sweep_idle(time.monotonic())
+
+    def sweep_idle(self, now: float) -> int:
+        """One pass of the idle sweep at ``now`` (``time.monotonic()`` seconds): a store used
+        since the last pass is noted idle from ``now``; one idle for ``idle_seconds`` is dropped,
+        unless a catch-up or a waiter is on it (next pass then). Returns how many were dropped.
+        A store is thus never dropped less than ``idle_seconds`` after its last use."""
+        dropped = 0
+        for store in list(self._stores.values()):
+            if store.used:
+                store.used = False
+                store.idle_since = now
+            elif (now - store.idle_since >= self._idle_seconds
+                  and store.id not in self._catch_ups and not self._waiters.get(store.id)):
+                del self._stores[store.id]
+                self._heard.pop(store.id, None)
+                store_metrics.dropped("idle")
+                log.info("engine dropped store %s: unused for %.0f s (%d tuples)", store.id,
+                         now - store.idle_since, len(store.graph))
+                dropped += 1
+        return dropped
 
     # -- catching up -------------------------------------------------------------------------
 
