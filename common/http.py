@@ -479,12 +479,16 @@ class _EnvelopeRequestHandler(web_protocol.RequestHandler):
         # A request the parser refused has no path of its own (aiohttp's placeholder is "/").
         render = _renderer(request.path) if _RENDERERS else None
         response = render(err, rid) if render is not None else error_response(err, rid)
+        response.headers.update(cast(_EnvelopeServer, self._manager).response_headers)
         response.force_close()
         return response
 
 
 class _EnvelopeServer(web.Server):
-    """``web.Server`` whose connections are :class:`_EnvelopeRequestHandler`."""
+    """``web.Server`` whose connections are :class:`_EnvelopeRequestHandler`; its
+    ``response_headers`` go on the errors they answer themselves too."""
+
+    response_headers: Mapping[str, str] = {}
 
     def __call__(self) -> web_protocol.RequestHandler:
         return _EnvelopeRequestHandler(self, loop=self._loop, **self._kwargs)
@@ -563,7 +567,18 @@ class EnvelopeRunner(web.AppRunner):
     tracing is off) gets the envelope here, around the whole app: the same function, on every
     request, at the same place (outermost), without the per-request layers aiohttp adds to any
     app that has a middleware, and with aiohttp's routing remembered (:class:`RouteMemo`). Such
-    an app must be served by this runner."""
+    an app must be served by this runner.
+
+    ``response_headers`` (``Strict-Transport-Security`` on a TLS listener, ``common.tls``) are
+    set on every response: those the handlers return, the ``HTTPException`` s they raise, the
+    errors answered here, and a response a handler prepares itself when it takes them from
+    :func:`response_headers` (``control_plane.web.streaming``). Without them the request path
+    is unchanged."""
+
+    def __init__(self, app: web.Application, *, response_headers: Mapping[str, str] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._response_headers = dict(response_headers or {})
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -577,6 +592,36 @@ class EnvelopeRunner(web.AppRunner):
             if not self.app.middlewares:
                 handler = RouteMemo(self.app)
             handler = functools.partial(envelope_middleware, handler=handler)
-        return _EnvelopeServer(handler, request_factory=server.request_factory,
+        if self._response_headers:
+            handler = functools.partial(_with_headers, handler=handler,
+                                        headers=self._response_headers)
+        made = _EnvelopeServer(handler, request_factory=server.request_factory,
                                handler_cancellation=server.handler_cancellation,
                                loop=server._loop, **server._kwargs)
+        made.response_headers = self._response_headers
+        return made
+
+
+RESPONSE_HEADERS: Final = web.RequestKey("response_headers", Mapping[str, str])
+
+
+def response_headers(request: web.Request) -> Mapping[str, str]:
+    """The headers every response of ``request``'s listener carries (``EnvelopeRunner``'s
+    ``response_headers``; none by default): for a handler that prepares its response itself."""
+    headers: Mapping[str, str] = request.get(RESPONSE_HEADERS, {})
+    return headers
+
+
+async def _with_headers(request: web_request.BaseRequest, *, handler: Callable[
+        [web_request.BaseRequest], Awaitable[web.StreamResponse]],
+        headers: Mapping[str, str]) -> web.StreamResponse:
+    """``handler``'s response with ``headers`` set (on the exception when it raises one)."""
+    request[RESPONSE_HEADERS] = headers
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        exc.headers.update(headers)
+        raise
+    if not response.prepared:
+        response.headers.update(headers)
+    return response

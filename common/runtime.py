@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -38,6 +39,7 @@ from common.jwks import PgKeySource
 from common.routing import Reply, RouteTable
 from common.settings import Settings
 from common.telemetry import server_middlewares
+from common.tls import HSTS, HSTS_HEADER, ServerTls
 
 log = logging.getLogger("authio.runtime")
 
@@ -102,19 +104,28 @@ meaning: measure again on a move to it)."""
 
 
 def run_app(app: web.Application, *, host: str, port: int, loop: asyncio.AbstractEventLoop,
-            shutdown_timeout: float, on_listening: Callable[[], None]) -> None:
+            shutdown_timeout: float, on_listening: Callable[[], None],
+            tls: ServerTls | None = None) -> None:
     """Serve ``app`` on ``host:port`` in ``loop`` until SIGTERM or SIGINT: ``web.run_app``'s
     steps with :class:`common.http.EnvelopeRunner` (``web.run_app`` builds its own runner), so
     the envelope covers what aiohttp answers itself. On a signal: stop accepting, finish the
     requests in flight (up to ``shutdown_timeout`` seconds), run every cleanup context. Sets the
-    collector's thresholds to :data:`GC_THRESHOLDS` for the process."""
+    collector's thresholds to :data:`GC_THRESHOLDS` for the process.
+
+    With ``tls`` the port speaks HTTPS only, every response carries HSTS, and SIGHUP reloads
+    the certificate and key (``common.tls``); without it SIGHUP keeps its default action."""
 
     async def serve() -> None:
+        headers = {HSTS_HEADER: HSTS} if tls is not None else None
         runner = EnvelopeRunner(app, handle_signals=True, access_log=None,
-                                shutdown_timeout=shutdown_timeout, keepalive_timeout=75.0)
+                                shutdown_timeout=shutdown_timeout, keepalive_timeout=75.0,
+                                response_headers=headers)
         await runner.setup()
         try:
-            await web.TCPSite(runner, host, port).start()
+            if tls is not None:
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, tls.reload)
+            await web.TCPSite(runner, host, port,
+                              ssl_context=tls.context if tls is not None else None).start()
             on_listening()
             await asyncio.Future()  # until the signal's GracefulExit cancels this task
         finally:

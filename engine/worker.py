@@ -27,6 +27,7 @@ from common.http import EnvelopeRunner
 from common.logging import configure_logging
 from common.runtime import GC_THRESHOLDS
 from common.settings import Settings, load_settings
+from common.tls import HSTS, HSTS_HEADER, ServerTls, server_tls
 from engine.app import create_engine_app
 from engine.appkeys import KEYS, STORES
 
@@ -123,14 +124,20 @@ async def _until_loaded(app: web.Application) -> None:
 
 
 async def _serve_worker(app: web.Application, *, host: str, port: int, bind_at_once: bool,
-                        lifeline: Connection, index: int) -> None:
+                        lifeline: Connection, index: int, tls: ServerTls | None = None) -> None:
     """Run ``app`` on ``host:port`` with ``SO_REUSEPORT`` until SIGTERM, SIGINT or the end of
     ``lifeline`` (the supervisor is gone), then stop gracefully. With ``bind_at_once`` false the
-    port is bound only once the engine can serve (:func:`_until_loaded`)."""
+    port is bound only once the engine can serve (:func:`_until_loaded`). With ``tls`` the port
+    speaks HTTPS with HSTS and SIGHUP reloads the certificate (``common.tls``): the supervisor
+    starts a worker with SIGHUP blocked and forwards its own, so one sent before the handler is
+    in place waits, pending, until it is."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)  # a second signal sets it again: no effect
+    if tls is not None:
+        loop.add_signal_handler(signal.SIGHUP, tls.reload)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
 
     def orphaned() -> None:
         loop.remove_reader(lifeline.fileno())
@@ -139,7 +146,8 @@ async def _serve_worker(app: web.Application, *, host: str, port: int, bind_at_o
 
     loop.add_reader(lifeline.fileno(), orphaned)  # readable only at end of file: nobody writes
     runner = EnvelopeRunner(app, handle_signals=False, access_log=None,
-                            shutdown_timeout=SHUTDOWN_SECONDS, keepalive_timeout=75.0)
+                            shutdown_timeout=SHUTDOWN_SECONDS, keepalive_timeout=75.0,
+                            response_headers={HSTS_HEADER: HSTS} if tls is not None else None)
     await runner.setup()
     try:
         if not bind_at_once:
@@ -149,7 +157,8 @@ async def _serve_worker(app: web.Application, *, host: str, port: int, bind_at_o
             for task in (loaded, stopped):
                 task.cancel()
         if not stop.is_set():
-            await web.TCPSite(runner, host, port, reuse_port=True).start()
+            await web.TCPSite(runner, host, port, reuse_port=True,
+                              ssl_context=tls.context if tls is not None else None).start()
             log.info("engine worker %d (pid %d) listening on %s:%d", index, os.getpid(), host,
                      port)
             await stop.wait()
@@ -174,6 +183,8 @@ def worker_main(index: int, cells: Any, bind_at_once: bool, lifeline: Connection
     provider = setup_tracing(settings, service_name_default="authio-engine")
     meters = setup_metrics(settings, service_name_default="authio-engine")
     try:
+        tls = server_tls(settings.tls_cert_file, settings.tls_key_file,
+                         settings.tls_key_password_file)
         app = _worker_app(settings, ReadinessBoard(cells, index))
         gc.set_threshold(*GC_THRESHOLDS)
         loop = uvloop.new_event_loop()
@@ -181,7 +192,7 @@ def worker_main(index: int, cells: Any, bind_at_once: bool, lifeline: Connection
         try:
             loop.run_until_complete(_serve_worker(
                 app, host=settings.host, port=settings.engine_port,
-                bind_at_once=bind_at_once, lifeline=lifeline, index=index))
+                bind_at_once=bind_at_once, lifeline=lifeline, index=index, tls=tls))
         finally:
             rest = asyncio.all_tasks(loop)
             for task in rest:

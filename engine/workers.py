@@ -28,6 +28,8 @@ loaded nothing anyway), and
   waits for them (SIGKILL after :data:`STOP_GRACE_SECONDS`) and exits 0. Workers run in their own
   process group, so a terminal's Ctrl-C reaches the supervisor alone and each worker is told
   once; a worker ignores a second signal while it stops;
+* with TLS (``SERVICE_TLS_CERT_FILE``), forwards SIGHUP to every worker, each of which
+  reloads its certificate (``common.tls``); without TLS, SIGHUP keeps its default action;
 * is watched by the workers: each holds the read end of a pipe whose write end only the
   supervisor has, so when the supervisor is gone (even killed with SIGKILL) the pipe reads end
   of file and every worker stops gracefully instead of serving on unsupervised.
@@ -119,12 +121,15 @@ class Supervisor:
 
     ``worker`` is the process target (``engine.worker.worker_main``; tests never replace it)."""
 
-    def __init__(self, count: int, *, worker: Callable[..., None] = worker_main) -> None:
+    def __init__(self, count: int, *, worker: Callable[..., None] = worker_main,
+                 forward_sighup: bool = False) -> None:
         self._ctx = multiprocessing.get_context("spawn")
         self._cells = self._ctx.RawArray("b", count)
         self._slots = [_Slot(i) for i in range(count)]
         self._worker = worker
         self._stopping = False
+        self._forward_sighup = forward_sighup
+        self._sighup = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         # The workers' lifeline: they hold the read end; the write end stays here, unwritten,
@@ -136,12 +141,27 @@ class Supervisor:
         with contextlib.suppress(BlockingIOError):
             os.write(self._wake_w, b"x")
 
+    def _on_sighup(self, signum: int, frame: Any) -> None:
+        self._sighup = True
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
     def _start(self, slot: _Slot, *, bind_at_once: bool) -> None:
         self._cells[slot.index] = NOT_READY
         process = self._ctx.Process(
             target=self._worker, args=(slot.index, self._cells, bind_at_once, self._lifeline),
             name=f"authio-engine-worker-{slot.index}", daemon=False)
-        process.start()
+        if self._forward_sighup:
+            # The child inherits the blocked mask through fork and exec: a SIGHUP forwarded
+            # before its handler is installed stays pending instead of killing it (SIGHUP's
+            # default action); the worker unblocks it once it handles it (engine.worker).
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+            try:
+                process.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
+        else:
+            process.start()
         slot.process, slot.started, slot.was_ready, slot.due = process, time.monotonic(), False, None
         log.info("engine worker %d started (pid %s)", slot.index, process.pid)
 
@@ -163,6 +183,8 @@ class Supervisor:
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        if self._forward_sighup:
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_sighup)
         try:
             for slot in self._slots:
                 self._start(slot, bind_at_once=True)
@@ -183,6 +205,9 @@ class Supervisor:
         if self._wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._wake_r, 64)
+        if self._sighup:
+            self._sighup = False
+            self._tell_workers(signal.SIGHUP)
         for slot in self._slots:
             if slot.process is not None and self._cells[slot.index] != NOT_READY:
                 slot.was_ready = True
@@ -195,6 +220,14 @@ class Supervisor:
         for slot in self._slots:
             if slot.process is None and slot.due is not None and slot.due <= now:
                 self._start(slot, bind_at_once=False)
+
+    def _tell_workers(self, signum: int) -> None:
+        """Send ``signum`` to every running worker (SIGHUP: reload the TLS certificate)."""
+        running = [s.process for s in self._slots if s.process is not None]
+        log.info("engine supervisor forwarding signal %d to %d workers", signum, len(running))
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signum)  # type: ignore[arg-type]
 
     def _stop_all(self) -> int:
         running = [s.process for s in self._slots if s.process is not None]
@@ -217,6 +250,7 @@ def supervise(settings: Settings, count: int) -> int:
     """Serve the engine on ``settings.engine_port`` with ``count`` (>= 2) worker processes until
     SIGTERM or SIGINT; returns the exit code. Each worker reads its settings from the same
     environment (they are the ones given here)."""
-    print(f"authio engine: {count} workers on http://{settings.host}:{settings.engine_port} "
+    scheme = "https" if settings.tls_enabled else "http"
+    print(f"authio engine: {count} workers on {scheme}://{settings.host}:{settings.engine_port} "
           f"(supervisor pid {os.getpid()})", flush=True)
-    return Supervisor(count).run()
+    return Supervisor(count, forward_sighup=settings.tls_enabled).run()

@@ -39,7 +39,9 @@ def serve(settings: Settings, target: str, workers: int | None = None) -> None:
 
     ``engine`` runs ``workers`` processes (``--workers``; else ``SERVICE_ENGINE_WORKERS``, else
     one per core) sharing its port under a supervisor (``engine.workers``); one worker is this
-    process alone, as before. Raises ValueError for a count below 1."""
+    process alone, as before. With ``SERVICE_TLS_CERT_FILE`` and ``SERVICE_TLS_KEY_FILE`` every
+    listener serves HTTPS and SIGHUP reloads them (``common.tls``). Raises ValueError for a
+    count below 1."""
     if target == "engine":
         from engine.workers import supervise, worker_count
 
@@ -53,6 +55,7 @@ def serve(settings: Settings, target: str, workers: int | None = None) -> None:
 
     from common.runtime import run_app
     from common.telemetry import setup_metrics, setup_tracing, shutdown_metrics, shutdown_tracing
+    from common.tls import server_tls
 
     # Before any app, pool or client session exists: instrumentation patches their classes and
     # base_app puts the server-span middleware first.
@@ -60,11 +63,14 @@ def serve(settings: Settings, target: str, workers: int | None = None) -> None:
     meters = setup_metrics(settings, service_name_default=SERVICE_NAMES[target])
     try:
         app, port = build_app(settings, target)
+        tls = server_tls(settings.tls_cert_file, settings.tls_key_file,
+                         settings.tls_key_password_file)
+        scheme = "https" if tls is not None else "http"
         run_app(
             app, host=settings.host, port=port, loop=uvloop.new_event_loop(),
-            shutdown_timeout=15.0,
-            on_listening=lambda: print(f"authio {target} listening on http://{settings.host}:{port}",
-                                       flush=True),
+            shutdown_timeout=15.0, tls=tls,
+            on_listening=lambda: print(f"authio {target} listening on {scheme}://{settings.host}:"
+                                       f"{port}", flush=True),
         )
     finally:
         if provider is not None:

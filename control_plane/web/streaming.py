@@ -8,15 +8,17 @@ from collections.abc import AsyncIterable
 
 from aiohttp import web
 
-from common.http import request_id
+from common.http import request_id, response_headers
 
 
 def streamed_response(request: web.Request, content_type: str, *,
                       filename: str | None = None) -> web.StreamResponse:
     """The unprepared response of an export: ``content_type`` (text in UTF-8), never cached,
-    the request's ``X-Request-Id``, and ``Content-Disposition: attachment`` with ``filename``
-    when given. Fill with :func:`stream_body`."""
-    headers = {"X-Request-Id": request_id(request), "Cache-Control": "no-store"}
+    the request's ``X-Request-Id``, the listener's own headers (HSTS under TLS,
+    ``common.http.response_headers``), and ``Content-Disposition: attachment`` with
+    ``filename`` when given. Fill with :func:`stream_body`."""
+    headers = {**response_headers(request), "X-Request-Id": request_id(request),
+               "Cache-Control": "no-store"}
     if filename is not None:
         headers["Content-Disposition"] = f'attachment; filename="{filename}"'
     response = web.StreamResponse(headers=headers)
