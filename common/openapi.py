@@ -165,6 +165,35 @@ _SECURITY_SCHEMES: Final[dict[str, dict[str, Any]]] = {
         "name": "x-service-bootstrap-token",
         "description": "The deployment's bootstrap token (`SERVICE_BOOTSTRAP_TOKEN`).",
     },
+    "consoleSession": {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "authio_console",
+        "description": "The operator console's session: its access token in the HttpOnly "
+                       "`authio_console` cookie (SameSite=Strict, Path=/console), set by "
+                       "`POST /console/session` when an operator signs in; once it has expired, "
+                       "the refresh token in `authio_console_refresh` renews both. A page "
+                       "without it answers 303 to `/console/sign-in`, an action 401 "
+                       "`no_session`.",
+    },
+    "consoleCsrf": {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-CSRF-Token",
+        "description": "The console session's CSRF token (the `<meta name=\"csrf-token\">` of "
+                       "every console page, and `csrf_token` of `POST /console/session`): every "
+                       "console action sends it with the session's cookie, from a page of this "
+                       "origin (403 `forbidden`, `details.reason` `csrf` or `cross_origin`).",
+    },
+    "portalSession": {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "service_portal_session",
+        "description": "The admin portal's session: the HttpOnly `service_portal_session` cookie "
+                       "(SameSite=Strict, Path=/v1/portal) that opening a setup link "
+                       "(`GET /portal?token=`) sets. Without a live one, the portal's calls "
+                       "answer 410 `token_invalid_or_expired`.",
+    },
     "scimToken": {
         "type": "http",
         "scheme": "bearer",
@@ -482,6 +511,11 @@ def _security(op: Operation) -> list[dict[str, list[str]]]:
             out += [{"session": []}, {"sessionCookie": []}]
         elif way == "scim_token":
             out.append({"scimToken": []})
+        elif way == "console_session":
+            safe = op.method in ("GET", "HEAD", "OPTIONS")
+            out.append({"consoleSession": []} if safe else {"consoleSession": [], "consoleCsrf": []})
+        elif way == "portal_session":
+            out.append({"portalSession": []})
         else:
             out.append({"bootstrapToken": []})
     return out
@@ -500,6 +534,12 @@ def _security_text(op: Operation) -> str:
                         "`service_session` cookie)")
         elif way == "scim_token":
             ways.append("the organization's SCIM token (`Authorization: Bearer scim_...`)")
+        elif way == "console_session":
+            ways.append("the operator console's session (the `authio_console` cookie"
+                        + (")" if op.method in ("GET", "HEAD", "OPTIONS") else
+                           ", with the page's CSRF token as `X-CSRF-Token`, from this origin)"))
+        elif way == "portal_session":
+            ways.append("the admin portal's session (the `service_portal_session` cookie)")
         else:
             ways.append("the bootstrap token (`x-service-bootstrap-token`)")
     return f"Authentication: {' or '.join(ways)}." if ways else ""

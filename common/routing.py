@@ -25,11 +25,14 @@ __all__ = ["ErrorBody", "Handler", "Operation", "Reply", "RouteTable", "Security
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-Security = Literal["api_key", "session", "bootstrap_token", "scim_token"]
+Security = Literal["api_key", "session", "bootstrap_token", "scim_token", "console_session",
+                   "portal_session"]
 """How a caller proves who it is: an ``sk_live_``/``sk_test_`` API key (``Authorization:
 Bearer``), a session's access token (``Authorization: Bearer`` or the ``service_session``
-cookie), the deployment's bootstrap token (``x-service-bootstrap-token``), or an
-organization's SCIM token (``Authorization: Bearer scim_...``)."""
+cookie), the deployment's bootstrap token (``x-service-bootstrap-token``), an organization's
+SCIM token (``Authorization: Bearer scim_...``), the operator console's session (the
+``authio_console`` cookie; an unsafe call also carries the page's ``X-CSRF-Token``), or the
+admin portal's session (the ``service_portal_session`` cookie)."""
 
 METHODS: Final = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 

@@ -8,10 +8,14 @@ tenant's operator project; its landing page hands it to ``GET /console/verify``,
 redeems it (``POST /v1/auth/magic-link/verify``) and opens the console session with the tokens
 it answered (``POST /console/session``). By passkey: a signed-in operator adds passkeys to
 their operator-project user on ``/console/passkeys`` (the ``passkeys`` rules, the operator
-project's relying party set by ``operators.ensure_relying_party``); the sign-in page's passkey
-button asks ``POST /console/sign-in/passkey`` for the login options of the operator of an
-address, runs the ordinary ``POST /v1/auth/passkey/login/verify`` of the operator project, and
-opens the console session the same way, with ``POST /console/session``.
+project's relying party set by ``operators.ensure_relying_party``: discoverable credentials);
+the sign-in page's passkey button needs no address: ``POST /console/sign-in/passkey`` answers
+options for any console passkey, ``POST /console/sign-in/passkey/verify`` finds the operator
+project by the chosen credential's user handle and signs in there, and the page opens the
+console session the same way, with ``POST /console/session``. A sign-in the risk engine
+challenges (``step_up_required``) is finished on the same page by the public step-up calls of
+the operator project (a passkey of the challenged user, or a step-up link, which lands on
+``/console/verify`` as every link of an operator project does).
 
 The console session is a session of the operator project, nothing of its own: its access token
 in the cookie ``authio_console`` and its refresh token in ``authio_console_refresh`` (both
@@ -40,6 +44,7 @@ from aiohttp import web
 from common.access_tokens import SESSION_COOKIE, AccessClaims
 from common.appkeys import AUTHENTICATOR, PG_POOL, SETTINGS, SIGNING_KEYS
 from common.errors import (
+    BlockedByRiskPolicy,
     EmailInUse,
     Forbidden,
     InvalidEmail,
@@ -52,6 +57,7 @@ from common.errors import (
     RecoveryRequestNotPending,
     ServiceError,
     ServiceUnavailable,
+    StepUpRequired,
     UnknownOrExpiredChallenge,
     UserNotFound,
     VerificationFailed,
@@ -59,7 +65,7 @@ from common.errors import (
 from common.routing import Reply, RouteTable, Security
 from common.schemas import parse_model
 from common.settings import Settings
-from control_plane.appkeys import CURSOR_SECRET, KMS, SEND_LIMITS, TOKENS
+from control_plane.appkeys import CURSOR_SECRET, KMS, RISK, SEND_LIMITS, TOKENS
 from control_plane.audit import service as audit
 from control_plane.audit.schemas import EventsQuery, ExportQuery
 from control_plane.imports import service as devices
@@ -72,7 +78,6 @@ from control_plane.operators.schemas import (
     ConsoleSession,
     DevicePageQuery,
     Operator,
-    PasskeySignInOptions,
     SessionBody,
     SignedOut,
     SignInBody,
@@ -80,10 +85,12 @@ from control_plane.operators.schemas import (
 )
 from control_plane.passkeys import service as passkeys
 from control_plane.passkeys.schemas import (
+    AuthenticationResponseBody,
     CreationOptions,
     Passkey,
     RegistrationOptionsBody,
     RegistrationResponseBody,
+    RequestOptions,
 )
 from control_plane.recovery import service as recovery
 from control_plane.recovery.schemas import DecisionBody, RecoveryQuery, RecoveryRequest
@@ -92,7 +99,7 @@ from control_plane.sessions.schemas import Grant
 from control_plane.tenancy import service as tenancy
 from control_plane.tenancy.schemas import ApiKey, ProjectRef
 from control_plane.web import auth
-from control_plane.web.actor import Actor, Call
+from control_plane.web.actor import Actor, Call, client_device
 from control_plane.web.auth import SAFE_METHODS, check_same_origin, request_actor, verify_access
 from control_plane.web.cookies import secure_cookies
 from control_plane.web.endpoint import endpoint
@@ -219,8 +226,8 @@ class Console:
                            operator=operator, renewed=renewed)
 
 
-PAGE: Final = Console(page=True)
-ACTION: Final = Console()
+PAGE: Final = Console(page=True, security=("console_session",))
+ACTION: Final = Console(security=("console_session",))
 
 
 async def _projects(call: ConsoleCall, project_id: str | None) -> tuple[list[ProjectRef],
@@ -354,10 +361,7 @@ async def post_console_session(call: Call, body: SessionBody) -> web.Response:
           replies=[Reply(200, "Signed out: the session is revoked, the cookies cleared.",
                          SignedOut)])
 async def post_console_sign_out(call: ConsoleCall) -> web.Response:
-    """Sign out of the console: its session is revoked.
-
-    Authentication: the console session's cookies, from a page of this origin, with the
-    session's CSRF token as `X-CSRF-Token`."""
+    """Sign out of the console: its session is revoked."""
     async with call.connection() as conn:
         await service.sign_out(conn, call.actor, claims=call.session_claims)
     response = call.reply(SignedOut(True))
@@ -365,24 +369,50 @@ async def post_console_sign_out(call: ConsoleCall) -> web.Response:
     return response
 
 
-@endpoint(routes, "POST", SIGN_IN + "/passkey", auth=auth.Anonymous(), json_only=True,
-          errors=[InvalidEmail, InvalidRequest, NotFound],
-          replies=[Reply(200, "The options of a passkey login in the operator's operator project.",
-                         PasskeySignInOptions)])
-async def post_console_sign_in_passkey(call: Call, body: SignInBody) -> web.Response:
-    """Start signing in to the console with a passkey: request options for the passkeys of
-    the operator of this address (in the first tenant where they have one).
+@endpoint(routes, "POST", SIGN_IN + "/passkey", auth=auth.Anonymous(), errors=[InvalidRequest],
+          replies=[Reply(200, "Request options for navigator.credentials.get: any passkey of the "
+                              "console.", RequestOptions)])
+async def post_console_sign_in_passkey(call: Call) -> web.Response:
+    """Start signing in to the console with a passkey, without an address (usernameless).
 
-    The page passes `options` to `navigator.credentials.get`, sends the credential to
-    `POST /v1/auth/passkey/login/verify?project_id=<project_id>` (the ordinary passkey login of
-    the operator project) and the tokens it answers to `POST /console/session`, as a link's
-    sign-in does. 404 `not_found` (`details.reason` `no_passkey`) when no operator of this
-    address has a passkey; 400 `invalid_request` naming `webauthn` when the service's base URL
-    can be no relying party's (an IP address, plain HTTP off localhost)."""
+    The options name no credential (`allowCredentials` empty): the browser offers the
+    operator's console passkeys (discoverable credentials of the service's own relying party),
+    and the one chosen says who signs in, and in which tenant. The page sends the credential to
+    `POST /console/sign-in/passkey/verify` and the tokens it answers to `POST /console/session`.
+    No body. 400 `invalid_request` naming `webauthn` when the service's base URL can be no
+    relying party's (an IP address, plain HTTP off localhost)."""
     async with call.connection() as conn:
-        options = await service.passkey_sign_in_options(conn, call.actor, email=body.email,
-                                                        settings=call.settings)
+        options = await service.passkey_sign_in_options(conn, settings=call.settings)
     return call.reply(options)
+
+
+@endpoint(routes, "POST", SIGN_IN + "/passkey/verify", auth=auth.Anonymous(), json_only=True,
+          errors=[UnknownOrExpiredChallenge, VerificationFailed, InvalidRequest, StepUpRequired,
+                  BlockedByRiskPolicy],
+          replies=[Reply(200, "Signed in to the operator project: hand the tokens to "
+                              "POST /console/session.", Grant)])
+async def post_console_sign_in_passkey_verify(
+        call: Call, body: AuthenticationResponseBody) -> web.Response:
+    """Finish signing in to the console with a passkey: the browser's
+    `PublicKeyCredential.toJSON()` for the options of `POST /console/sign-in/passkey`.
+
+    The credential's user handle names the operator, and so the tenant's operator project,
+    where it signs in as any passkey login does (risk scoring, `auth.signin_attempt` with
+    method `passkey`). Answers what a sign-in answers, without setting a cookie: the page
+    hands the tokens to `POST /console/session`. 400 `verification_failed` (`details.reason`
+    `not_an_operator`) for a passkey that is no operator's; 401 `step_up_required` with
+    `details.project_id`, the operator project the step-up calls (`/v1/auth/step-up/...`) are
+    made in."""
+    iat = int(time.time())
+    async with call.connection() as conn:
+        s = await service.passkey_sign_in(conn, call.actor, credential=body,
+                                          device=client_device(call.request),
+                                          settings=call.settings, iat=iat,
+                                          risk_engine=call.app[RISK])
+    grant = await sessions.grant(call.app[TOKENS], call.settings, project_id=s.project_id,
+                                 session=s.session, user=s.user, iat=iat,
+                                 refresh_token=s.refresh_token)
+    return call.reply(grant)
 
 
 # --- the operator's passkeys ----------------------------------------------------------------------
@@ -423,14 +453,12 @@ async def post_console_passkey_options(call: ConsoleCall,
     whose relying party is the service's own host and base URL).
 
     What `POST /v1/auth/passkey/register/options` does for a signed-in user. 400
-    `invalid_request` naming `webauthn` when the service's base URL can be no relying party's.
-
-    Authentication: the console session's cookies, from a page of this origin, with the
-    session's CSRF token as `X-CSRF-Token`."""
+    `invalid_request` naming `webauthn` when the service's base URL can be no relying party's."""
     async with call.connection() as conn:
         await service.ensure_relying_party(conn, call.session_claims.pid, call.settings)
+        account = await service.operator_project_name(call.pool, call.signed_in.tenant_id)
         options = await passkeys.registration_options(conn, _own(call), name=body.name,
-                                                      settings=call.settings)
+                                                      settings=call.settings, account=account)
     return _reply(call, options)
 
 
@@ -441,10 +469,7 @@ async def post_console_passkey_options(call: ConsoleCall,
 async def post_console_passkeys(call: ConsoleCall,
                                 body: RegistrationResponseBody) -> web.StreamResponse:
     """Finish adding a passkey to the signed-in operator: the browser's
-    `PublicKeyCredential.toJSON()` at top level (`passkey.created` in the operator project).
-
-    Authentication: the console session's cookies, from a page of this origin, with the
-    session's CSRF token as `X-CSRF-Token`."""
+    `PublicKeyCredential.toJSON()` at top level (`passkey.created` in the operator project)."""
     async with call.connection() as conn:
         passkey = await passkeys.register(conn, _own(call), credential=body)
     return finish(call, call.reply(passkey, status=201))
@@ -455,10 +480,7 @@ async def post_console_passkeys(call: ConsoleCall,
           replies=[Reply(200, "The passkey, removed: it signs no one in any more.", Passkey)])
 async def post_console_passkey_remove(call: ConsoleCall) -> web.StreamResponse:
     """Remove one of the signed-in operator's passkeys (`passkey.deleted` in the operator
-    project).
-
-    Authentication: the console session's cookies, from a page of this origin, with the
-    session's CSRF token as `X-CSRF-Token`."""
+    project)."""
     async with call.connection() as conn:
         passkey = await passkeys.remove_passkey(conn, _own(call), user_id=call.session_claims.sub,
                                                 passkey_id=call.path("passkey_id"))
@@ -504,10 +526,7 @@ async def post_console_recovery_approve(call: ConsoleCall, query: ActionQuery,
                                         body: DecisionBody) -> web.StreamResponse:
     """Approve a pending recovery request of the project, as the signed-in operator.
 
-    What `POST /v1/recovery/requests/{recovery_id}/approve` does, recorded as the operator's.
-
-    Authentication: the console session's cookies, from a page of this origin, with the
-    session's CSRF token as `X-CSRF-Token`."""
+    What `POST /v1/recovery/requests/{recovery_id}/approve` does, recorded as the operator's."""
     project = await _project(call, query.project_id)
     async with call.connection() as conn:
         decided = await recovery.approve(conn, call.acting_in(project),
@@ -522,10 +541,7 @@ async def post_console_recovery_approve(call: ConsoleCall, query: ActionQuery,
           replies=[Reply(200, "Denied.", RecoveryRequest)])
 async def post_console_recovery_deny(call: ConsoleCall, query: ActionQuery,
                                      body: DecisionBody) -> web.StreamResponse:
-    """Deny a pending recovery request of the project, as the signed-in operator.
-
-    Authentication: the console session's cookies, from a page of this origin, with the
-    session's CSRF token as `X-CSRF-Token`."""
+    """Deny a pending recovery request of the project, as the signed-in operator."""
     project = await _project(call, query.project_id)
     async with call.connection() as conn:
         decided = await recovery.deny(conn, call.acting_in(project),
@@ -553,10 +569,7 @@ async def post_console_device_approve(call: ConsoleCall, query: ActionQuery,
     project, as the signed-in operator.
 
     What `POST /v1/cli/device/approve` does with a full-access key: the device's next poll
-    receives a new key of the project.
-
-    Authentication: the console session's cookies, from a page of this origin, with the
-    session's CSRF token as `X-CSRF-Token`."""
+    receives a new key of the project."""
     project = await _project(call, query.project_id)
     async with call.connection() as conn:
         approval = await devices.decide(conn, call.acting_in(project), body=body)
@@ -593,10 +606,7 @@ async def get_console_api_keys(call: ConsoleCall, query: ConsolePageQuery) -> we
           replies=[Reply(200, "The key, revoked.", ApiKey)])
 async def post_console_api_key_revoke(call: ConsoleCall, query: ActionQuery) -> web.StreamResponse:
     """Revoke an API key of the project, as the signed-in operator: every process refuses it at
-    once. Idempotent.
-
-    Authentication: the console session's cookies, from a page of this origin, with the
-    session's CSRF token as `X-CSRF-Token`."""
+    once. Idempotent."""
     project = await _project(call, query.project_id)
     async with call.connection() as conn:
         key = await tenancy.revoke_api_key(conn, call.acting_in(project),

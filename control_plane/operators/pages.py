@@ -215,8 +215,103 @@ def next_link(path: str, label: str, next_cursor: str | None, **params: str | No
 # --- the pages ---------------------------------------------------------------------------------
 
 
+STEP_UP: Final = """<section id="step-up" hidden aria-labelledby="step-up-title">
+<h2 id="step-up-title" tabindex="-1">Confirm it is you</h2>
+<p>This sign-in is unusual for you (a new device, network or place, say), so it needs
+confirming before the console opens.</p>
+<p><button type="button" id="step-up-passkey" hidden>Confirm with your passkey</button>
+<button type="button" id="step-up-link" class="secondary" hidden>Email me a confirmation
+link</button></p>
+</section>"""
+"""The step-up of a challenged sign-in (:data:`SIGN_IN_SCRIPT`'s ``stepUp``), hidden until
+one is needed."""
+
+SIGN_IN_SCRIPT: Final = """
+class Refused extends Error {
+  constructor(error) {
+    super(error.message);
+    this.code = error.code;
+    this.details = error.details || {};
+  }
+}
+async function json(path, body) {
+  const init = {method: "POST", credentials: "same-origin"};
+  if (body !== undefined) {
+    init.headers = {"Content-Type": "application/json"};
+    init.body = JSON.stringify(body);
+  }
+  const response = await fetch(path, init);
+  let data = null;
+  try { data = await response.json(); } catch (err) { data = null; }
+  if (!response.ok) {
+    throw new Refused(data && data.error ? data.error : {message: "The request was refused."});
+  }
+  return data;
+}
+async function openConsole(grant) {
+  const session = await json("/console/session",
+    {access_token: grant.access_token, refresh_token: grant.refresh_token});
+  say("Signed in as " + session.operator.email + ".");
+  window.location.assign("/console/recovery");
+}
+function stepUp(projectId, details) {
+  const box = document.getElementById("step-up");
+  const byPasskey = document.getElementById("step-up-passkey");
+  const byLink = document.getElementById("step-up-link");
+  const methods = details.methods || [];
+  const challenge = {challenge_id: details.challenge_id};
+  const q = "?" + new URLSearchParams({project_id: projectId});
+  byPasskey.hidden = !(methods.includes("passkey") && webauthn);
+  byLink.hidden = !methods.includes("magic_link");
+  box.hidden = false;
+  if (byPasskey.hidden && byLink.hidden) {
+    say(methods.includes("passkey") ? noWebauthn : "This sign-in needs confirming, and there is no way to here.");
+    return;
+  }
+  say("This sign-in needs confirming: " + (byPasskey.hidden ? "" : "use your passkey")
+      + (byPasskey.hidden || byLink.hidden ? "" : ", or ")
+      + (byLink.hidden ? "" : "get a link by e-mail") + " within "
+      + Math.round(details.expires_in / 60) + " minutes.");
+  document.getElementById("step-up-title").focus();
+  function busy(on) { byPasskey.disabled = on; byLink.disabled = on; }
+  byPasskey.onclick = async () => {
+    busy(true);
+    say("Confirming with your passkey…");
+    try {
+      const options = await json("/v1/auth/step-up/passkey/options" + q, challenge);
+      const credential = await navigator.credentials.get(
+        {publicKey: PublicKeyCredential.parseRequestOptionsFromJSON(options)});
+      const grant = await json("/v1/auth/step-up/passkey/verify" + q,
+                               {...credential.toJSON(), ...challenge});
+      await openConsole(grant);
+    } catch (err) {
+      say(err.name === "NotAllowedError" ? "No passkey was used." : err.message);
+      busy(false);
+    }
+  };
+  byLink.onclick = async () => {
+    busy(true);
+    say("Sending…");
+    try {
+      const sent = await json("/v1/auth/step-up/magic-link/send" + q, challenge);
+      say("A confirmation link is on its way to " + sent.destination + ". It expires in "
+          + Math.round(sent.expires_in / 60) + " minutes; opening it signs you in.");
+      byPasskey.disabled = false;
+    } catch (err) {
+      say(err.message);
+      busy(false);
+    }
+  };
+}
+"""
+"""The sign-in pages' own helpers: ``json`` (a POST whose refusal throws :class:`Refused`
+with the envelope's ``code`` and ``details``), ``openConsole`` (hand a sign-in's tokens to
+``POST /console/session``) and ``stepUp`` (offer the methods a ``step_up_required`` refusal
+allows, with the public step-up calls of the operator project)."""
+
+
 def sign_in(nonce: str) -> str:
-    body = """<main id="main" class="narrow"><h1>Sign in to the operator console</h1>
+    body = f"""<main id="main" class="narrow"><h1>Sign in to the operator console</h1>
 <p>Enter the e-mail address you were added with as an operator. We send a sign-in link
 there; it works once.</p>
 <form id="sign-in" novalidate>
@@ -225,12 +320,14 @@ there; it works once.</p>
        aria-describedby="email_hint"></div>
 <p class="hint" id="email_hint">Operators are added by the tenant's owners, with an API key.
 Once signed in, you can add a passkey and sign in with it next time.</p>
-<p><button type="submit" id="send">Email me a sign-in link</button>
-<button type="button" id="passkey" class="secondary">Sign in with a passkey</button></p>
+<p><button type="submit" id="send">Email me a sign-in link</button></p>
 </form>
+<p>Or, with a passkey you added in the console (no address needed):
+<button type="button" id="passkey" class="secondary">Sign in with a passkey</button></p>
 <p id="status" role="status" aria-live="polite"></p>
+{STEP_UP}
 </main>"""
-    script = """
+    script = SIGN_IN_SCRIPT + """
 const form = document.getElementById("sign-in"), email = document.getElementById("email");
 email.focus();
 form.addEventListener("submit", async (event) => {
@@ -241,42 +338,26 @@ form.addEventListener("submit", async (event) => {
   button.disabled = true;
   say("Sending…");
   try {
-    const response = await fetch("/console/sign-in", {method: "POST", credentials: "same-origin",
-      headers: {"Content-Type": "application/json"}, body: JSON.stringify({email: address})});
-    const data = await response.json();
-    say(response.ok ? "If " + address + " is an operator's address, a sign-in link is on its way. "
-                      + "It expires in " + Math.round(data.expires_in / 60) + " minutes."
-                    : data.error.message);
+    const data = await json("/console/sign-in", {email: address});
+    say("If " + address + " is an operator's address, a sign-in link is on its way. "
+        + "It expires in " + Math.round(data.expires_in / 60) + " minutes.");
   } catch (err) {
-    say("Could not reach the server; try again.");
+    say(err instanceof Refused ? err.message : "Could not reach the server; try again.");
   }
   button.disabled = false;
 });
-async function json(path, body) {
-  const response = await fetch(path, {method: "POST", credentials: "same-origin",
-    headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
-  const data = await response.json();
-  if (!response.ok) throw new Error(data.error ? data.error.message : "The request was refused.");
-  return data;
-}
 const passkey = document.getElementById("passkey");
 passkey.addEventListener("click", async () => {
-  const address = email.value.trim();
-  if (!address) { say("Enter your e-mail address, then sign in with a passkey."); email.focus(); return; }
   if (!webauthn) { say(noWebauthn); return; }
   passkey.disabled = true;
   say("Signing in with a passkey…");
   try {
-    const started = await json("/console/sign-in/passkey", {email: address});
+    const options = await json("/console/sign-in/passkey");
     const credential = await navigator.credentials.get(
-      {publicKey: PublicKeyCredential.parseRequestOptionsFromJSON(started.options)});
-    const grant = await json("/v1/auth/passkey/login/verify?" + new URLSearchParams(
-      {project_id: started.project_id}), credential.toJSON());
-    const session = await json("/console/session",
-      {access_token: grant.access_token, refresh_token: grant.refresh_token});
-    say("Signed in as " + session.operator.email + ".");
-    window.location.assign("/console/recovery");
+      {publicKey: PublicKeyCredential.parseRequestOptionsFromJSON(options)});
+    await openConsole(await json("/console/sign-in/passkey/verify", credential.toJSON()));
   } catch (err) {
+    if (err.code === "step_up_required") { stepUp(err.details.project_id, err.details); return; }
     say(err.name === "NotAllowedError" ? "No passkey was used." : err.message);
     passkey.disabled = false;
   }
@@ -286,35 +367,37 @@ passkey.addEventListener("click", async () => {
 
 
 def verify(nonce: str) -> str:
-    body = """<main id="main" class="narrow"><h1>Sign in to the operator console</h1>
+    body = f"""<main id="main" class="narrow"><h1>Sign in to the operator console</h1>
 <p id="status" role="status" aria-live="polite">Press the button to finish signing in.</p>
 <button id="signin" type="button">Sign in</button>
+{STEP_UP}
 </main>"""
-    script = """
+    script = SIGN_IN_SCRIPT + """
 const button = document.getElementById("signin");
 const params = new URLSearchParams(window.location.search);
+const project = params.get("project_id") || "";
 const token = new URLSearchParams(window.location.hash.slice(1)).get("token") || "";
 button.focus();
 button.addEventListener("click", async () => {
   button.disabled = true;
   say("Signing in…");
+  let grant;
   try {
-    const verified = await fetch("/v1/auth/magic-link/verify?" + new URLSearchParams(
-        {project_id: params.get("project_id") || ""}), {method: "POST", credentials: "same-origin",
-      headers: {"Content-Type": "application/json"}, body: JSON.stringify({token})});
-    const grant = await verified.json();
-    if (!verified.ok) { say(grant.error.message); return; }
-    history.replaceState(null, "", window.location.pathname + window.location.search);
-    const opened = await fetch("/console/session", {method: "POST", credentials: "same-origin",
-      headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({access_token: grant.access_token, refresh_token: grant.refresh_token})});
-    const session = await opened.json();
-    if (!opened.ok) { say(session.error.message); return; }
-    say("Signed in as " + session.operator.email + ".");
-    window.location.assign("/console/recovery");
+    grant = await json("/v1/auth/magic-link/verify?" + new URLSearchParams({project_id: project}),
+                       {token});
   } catch (err) {
-    say("Could not reach the server; try again.");
-    button.disabled = false;
+    if (!(err instanceof Refused)) { say("Could not reach the server; try again."); button.disabled = false; return; }
+    history.replaceState(null, "", window.location.pathname + window.location.search);
+    button.hidden = true;
+    if (err.code === "step_up_required") { stepUp(project, err.details); return; }
+    say(err.message);
+    return;
+  }
+  history.replaceState(null, "", window.location.pathname + window.location.search);
+  try {
+    await openConsole(grant);
+  } catch (err) {
+    say(err instanceof Refused ? err.message : "Could not reach the server; try again.");
   }
 });
 """
@@ -477,6 +560,6 @@ def passkeys(keys: Iterable[Passkey], *, error: str | None) -> str:
 <p class="hint" id="name_hint">Such as the device it is on (default: Passkey).</p>
 <p><button type="submit" id="add">Add a passkey</button></p></form>"""
     return f"""{alert(error)}<p>A passkey signs you in to the console without a mailed link: on the
-sign-in page, enter your address and choose Sign in with a passkey. A removed passkey signs no
+sign-in page, choose Sign in with a passkey (no address needed). A removed passkey signs no
 one in any more.</p>
 {table}{form}"""

@@ -54,3 +54,11 @@ async def everywhere(pool: asyncpg.Pool | asyncpg.Connection, email: str) -> lis
         "SELECT project_id, email, user_id FROM operators WHERE lower(email) = lower($1) ORDER BY id",
         email)
     return rows
+
+
+async def by_user(conn: asyncpg.Connection | asyncpg.Pool, user_id: str) -> asyncpg.Record | None:
+    """The operator whose user (in its tenant's operator project) is ``user_id``, whatever the
+    project, with that project (``project_id``): a user id names one user of one project."""
+    row: asyncpg.Record | None = await conn.fetchrow(
+        f"SELECT {COLUMNS}, project_id FROM operators WHERE user_id = $1", user_id)
+    return row

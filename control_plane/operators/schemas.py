@@ -11,7 +11,6 @@ from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, 
 
 from common.ids import id_pattern, is_id
 from common.schemas import QueryModel, RequestModel
-from control_plane.passkeys.schemas import RequestOptions
 from control_plane.users.schemas import UserName
 from control_plane.web.pagination import Cursor
 from control_plane.web.schemas import Email
@@ -146,18 +145,3 @@ class SignedOut:
     """The console session is revoked and its cookies cleared."""
 
     signed_out: Literal[True]
-
-
-# --- passkeys -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PasskeySignInOptions:
-    """``POST /console/sign-in/passkey``: the operator project to sign in to and the request
-    options of a passkey login there (``options``, for ``navigator.credentials.get``). The page
-    sends the credential to ``POST /v1/auth/passkey/login/verify?project_id=<project_id>`` and
-    the tokens it answers to ``POST /console/session``."""
-
-    project_id: str
-    options: RequestOptions
-

@@ -27,8 +27,9 @@ on the tenant's other projects with an :class:`~control_plane.web.actor.Actor` o
   project is made (:func:`add_operator`, :func:`bootstrap`) and again, lazily, before every
   console passkey ceremony, so an operator project made before passkeys were wired, or a
   changed ``SERVICE_BASE_URL``, is set right without a migration. No API key belongs to the
-  operator project, so nothing else sets it. :func:`passkey_sign_in_options` starts a console
-  sign-in by passkey for an operator's address.
+  operator project, so nothing else sets it. A console sign-in by passkey is usernameless:
+  :func:`passkey_sign_in_options` issues options for no project yet, and
+  :func:`passkey_sign_in` finds the operator project from the credential's user handle.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from common.errors import (
     NotFound,
     OperatorExists,
     OperatorNotFound,
-    UserNotFound,
+    StepUpRequired,
+    VerificationFailed,
 )
 from common.ids import is_id, new_id
 from common.settings import Settings
@@ -60,10 +62,16 @@ from control_plane.kms import LocalKms
 from control_plane.magic_links import service as magic_links
 from control_plane.magic_links.service import SendLimits
 from control_plane.operators import repository
-from control_plane.operators.schemas import Operator, PasskeySignInOptions, SignInSent
+from control_plane.operators.schemas import Operator, SignInSent
 from control_plane.passkeys import service as passkeys
-from control_plane.passkeys.schemas import RequestOptions, WebAuthnConfig
+from control_plane.passkeys.schemas import (
+    AuthenticationResponseBody,
+    RequestOptions,
+    WebAuthnConfig,
+)
+from control_plane.risk.service import RiskEngine
 from control_plane.sessions import service as sessions
+from control_plane.sessions.schemas import SignIn
 from control_plane.tenancy import service as tenancy
 from control_plane.tenancy.schemas import BootstrapBody, Bootstrapped, OperatorRef, ProjectRef
 from control_plane.users import service as users
@@ -316,31 +324,63 @@ def passkey_actor(actor: Actor, claims: AccessClaims) -> Actor:
     return actor.as_user(claims.sub, project_id=claims.pid)
 
 
-async def passkey_sign_in_options(conn: asyncpg.Connection, actor: Actor, *, email: str,
-                                  settings: Settings) -> PasskeySignInOptions:
-    """Request options for a console sign-in by passkey of the operator of ``email``: in the
-    first tenant (the operator added first) where that operator's user has a passkey, the
-    ``passkeys`` rules' login options for that user, in its operator project (whose relying
-    party is set first, :func:`ensure_relying_party`). The page then finishes as any passkey
-    login of that project (``POST /v1/auth/passkey/login/verify``) and opens the console
-    session with its tokens (``POST /console/session``).
+async def passkey_sign_in_options(conn: asyncpg.Connection, *,
+                                  settings: Settings) -> RequestOptions:
+    """Request options for a console sign-in by passkey, before anyone says who they are
+    (usernameless): any discoverable credential of the console's relying party
+    (:func:`console_relying_party`, the one every operator project has), the challenge stored
+    for no project yet (``passkeys.open_authentication_options``). The credential the operator
+    picks says who signs in, and so in which tenant: :func:`passkey_sign_in`.
 
-    Raises NotFound when the address is no operator's with a passkey, InvalidRequest naming
-    ``webauthn`` when the base URL can be no relying party's."""
-    if console_relying_party(settings) is None:
+    Raises InvalidRequest naming ``webauthn`` when the base URL can be no relying party's."""
+    config = console_relying_party(settings)
+    if config is None:
         raise _no_relying_party(settings)
-    for row in await repository.everywhere(conn, email):
-        project_id, user_id = row["project_id"], row["user_id"]
-        in_project = dataclasses.replace(actor, project_id=project_id)
-        try:
-            if not await passkeys.list_passkeys(conn, in_project, user_id=user_id):
-                continue
-        except UserNotFound:  # the operator was removed meanwhile
-            continue
-        await ensure_relying_party(conn, project_id, settings)
-        options: dict[str, Any] = await passkeys.authentication_options(
-            conn, in_project, email=row["email"], settings=settings)
-        return PasskeySignInOptions(project_id, cast(RequestOptions, options))
-    raise NotFound("No operator has a passkey for this address: sign in with a link, then add "
-                   "a passkey on the console's Passkeys page.",
-                   details={"reason": "no_passkey"})
+    options = await passkeys.open_authentication_options(
+        conn, rp_id=config.rp_id, user_verification=config.user_verification, settings=settings)
+    return cast(RequestOptions, options)
+
+
+async def passkey_sign_in(conn: asyncpg.Connection, actor: Actor, *,
+                          credential: AuthenticationResponseBody, device: dict[str, Any],
+                          settings: Settings, iat: int, risk_engine: RiskEngine) -> SignIn:
+    """Finish a console sign-in by passkey (:func:`passkey_sign_in_options`): the credential's
+    user handle (the id of the user it was registered for) names the operator, and with it the
+    operator project; there, the ``passkeys`` rules verify the assertion against the console's
+    challenge and sign the user in as any passkey login (risk scoring, ``auth.signin_attempt``
+    with method ``passkey``, in the operator project, whose relying party is set first,
+    :func:`ensure_relying_party`). The caller opens the console session with the tokens
+    (``POST /console/session``, which checks again that the user is an operator).
+
+    A user handle that is no operator's user (none, an ordinary project's user, a removed
+    operator) spends the challenge and is VerificationFailed, as an unknown credential is. A
+    sign-in the risk engine challenges is StepUpRequired with ``details.project_id`` added: the
+    operator project, where the step-up calls (``/v1/auth/step-up/...``) are made.
+
+    Raises UnknownOrExpiredChallenge, VerificationFailed, InvalidRequest naming ``webauthn``,
+    StepUpRequired, BlockedByRiskPolicy."""
+    user_id = passkeys.user_handle(credential)
+    row = await repository.by_user(conn, user_id) if user_id and is_id(user_id, "user") else None
+    if row is None:
+        await passkeys.discard_open_login(conn, credential)
+        raise VerificationFailed("This passkey is no operator's: sign in with a link, then add "
+                                 "a passkey on the console's Passkeys page.",
+                                 details={"reason": "not_an_operator"})
+    project_id = row["project_id"]
+    await ensure_relying_party(conn, project_id, settings)
+    try:
+        return await passkeys.sign_in(
+            conn, dataclasses.replace(actor, project_id=project_id), credential=credential,
+            device=device, settings=settings, iat=iat, risk_engine=risk_engine,
+            open_challenge=True)
+    except StepUpRequired as err:
+        raise StepUpRequired(err.message, details={**err.details, "project_id": project_id},
+                             headers=err.headers) from None
+
+
+async def operator_project_name(pool: asyncpg.Pool, tenant_id: str) -> str | None:
+    """The name of the tenant's operator project (``<tenant> operators``): what a passkey's
+    account shows after the operator's name, since every tenant's console passkeys share one
+    relying party."""
+    project = await tenancy.operator_project(pool, tenant_id)
+    return project.name if project is not None else None

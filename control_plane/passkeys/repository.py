@@ -54,7 +54,7 @@ async def delete_settings(conn: asyncpg.Connection, project_id: str) -> bool:
 
 
 async def insert_challenge(conn: asyncpg.Connection | asyncpg.Pool, *, digest: bytes,
-                           project_id: str, ceremony: str, user_id: str | None, name: str | None,
+                           project_id: str | None, ceremony: str, user_id: str | None, name: str | None,
                            user_verification: str, ttl: timedelta) -> None:
     await conn.execute(
         """INSERT INTO webauthn_challenges (challenge_hash, project_id, ceremony, user_id, name,
@@ -67,6 +67,10 @@ SPEND_CHALLENGE: Final = """
 DELETE FROM webauthn_challenges WHERE challenge_hash = $1
 RETURNING project_id, ceremony, user_id, name, user_verification, expires_at <= now() AS expired"""
 """Spend the challenge of digest ``$1`` (single use, whatever the verify's outcome)."""
+
+SPEND_OPEN_CHALLENGE: Final = """
+DELETE FROM webauthn_challenges WHERE challenge_hash = $1 AND project_id IS NULL"""
+"""Spend the challenge of digest ``$1`` if it is one of no project (migration 0021)."""
 
 READ_FOR_LOGIN: Final = """
 SELECT c.project_id, c.ceremony, c.user_id, c.user_verification, c.expires_at <= now() AS expired,

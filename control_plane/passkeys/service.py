@@ -162,13 +162,16 @@ def _challenge_of(client_data_json: str) -> bytes:
 
 
 async def registration_options(conn: asyncpg.Connection, actor: Actor, *, name: str | None,
-                               settings: Settings) -> dict[str, Any]:
+                               settings: Settings,
+                               account: str | None = None) -> dict[str, Any]:
     """Creation options (``PublicKeyCredentialCreationOptionsJSON``, as a dict) for the
     signed-in ``actor`` (a user) to register a passkey named ``name``: a discoverable credential
     (resident key required, so usernameless login finds it), no attestation, the user's
     passkeys excluded, and the challenge stored. The user handle is the user's id (UTF-8),
-    which is no personal data. Raises InvalidRequest naming ``webauthn`` when the project has no
-    relying party, UserNotFound when the user is gone."""
+    which is no personal data. ``account``: what the authenticator's account chooser shows
+    after the user's name (``Olga (Acme operators)``), for relying parties that several
+    projects share. Raises InvalidRequest naming ``webauthn`` when the project has no relying
+    party, UserNotFound when the user is gone."""
     project_id, user_id = actor.project_id, actor.id
     assert project_id is not None and user_id is not None
     rp = await _required(conn, project_id)
@@ -178,7 +181,8 @@ async def registration_options(conn: asyncpg.Connection, actor: Actor, *, name: 
     label = user["email"] or user["phone_number"] or user_id
     options = generate_registration_options(
         rp_id=rp.rp_id, rp_name=rp.rp_name, user_id=user_id.encode(), user_name=label,
-        user_display_name=user["name"] or label, timeout=TIMEOUT_MS,
+        user_display_name=(user["name"] or label) + (f" ({account})" if account else ""),
+        timeout=TIMEOUT_MS,
         authenticator_selection=AuthenticatorSelectionCriteria(
             resident_key=ResidentKeyRequirement.REQUIRED, require_resident_key=True,
             user_verification=_uv(rp.user_verification)),
@@ -272,10 +276,57 @@ async def authentication_options(conn: asyncpg.Connection, actor: Actor, *, emai
     return dict(options_to_json_dict(options))
 
 
+async def open_authentication_options(conn: asyncpg.Connection, *, rp_id: str,
+                                      user_verification: str,
+                                      settings: Settings) -> dict[str, Any]:
+    """Request options for a usernameless login in no project yet: any discoverable credential
+    of the relying party ``rp_id`` (``allowCredentials`` empty), ``user_verification``
+    (``preferred`` or ``required``). The challenge is stored with no project, user or step-up
+    (migration 0021); only :func:`sign_in` with ``open_challenge`` accepts it, once the caller
+    found the project from the credential (:func:`user_handle`). For relying parties that
+    several projects share: the operator console's, whose operator projects all have the
+    service's own host."""
+    challenge = secrets.token_bytes(CHALLENGE_BYTES)
+    await repository.insert_challenge(
+        conn, digest=hashlib.sha256(challenge).digest(), project_id=None,
+        ceremony=AUTHENTICATION, user_id=None, name=None, user_verification=user_verification,
+        ttl=timedelta(seconds=settings.webauthn_challenge_ttl_seconds))
+    options = generate_authentication_options(
+        rp_id=rp_id, challenge=challenge, timeout=TIMEOUT_MS, allow_credentials=[],
+        user_verification=_uv(user_verification))
+    return dict(options_to_json_dict(options))
+
+
+def user_handle(credential: AuthenticationResponseBody) -> str | None:
+    """The user handle of an authentication response as text: the id of the user the
+    credential was registered for (:func:`registration_options` makes it the user's id). None
+    when the response has none (a credential that is not discoverable) or it is not base64url
+    UTF-8. Not verified here: :func:`sign_in` checks it is the credential's user."""
+    handle = credential.response.userHandle
+    raw = _bytes(handle) if handle else None
+    try:
+        return raw.decode() if raw else None
+    except UnicodeDecodeError:
+        return None
+
+
+async def discard_open_login(conn: asyncpg.Connection,
+                             credential: AuthenticationResponseBody) -> None:
+    """Spend the challenge of ``credential`` when it is one of no project
+    (:func:`open_authentication_options`): a login refused before any project was found for it
+    (single use, as every verify). Nothing for any other challenge, or none."""
+    try:
+        challenge = _challenge_of(credential.response.clientDataJSON)
+    except UnknownOrExpiredChallenge:
+        return
+    await conn.execute(repository.SPEND_OPEN_CHALLENGE, hashlib.sha256(challenge).digest())
+
+
 async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
                   credential: AuthenticationResponseBody, device: dict[str, Any],
                   settings: Settings, iat: int, risk_engine: risk.RiskEngine,
-                  step_up: risk.Challenge | None = None) -> SignIn:
+                  step_up: risk.Challenge | None = None,
+                  open_challenge: bool = False) -> SignIn:
     """Verify ``credential`` (an authentication response) in the actor's project and sign its
     user in. One read finds the challenge, the relying party and the credential; after
     py_webauthn verified the response, one statement spends the challenge, updates the
@@ -290,6 +341,9 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
     pending challenge of this project), this login is that challenge's step-up: the options
     must have been issued for it, the passkey must be the challenged user's, and the challenge
     is used up by the sign-in (``auth.step_up_satisfied``), or by any refusal (``failed``).
+    With ``open_challenge``, the options were :func:`open_authentication_options` (no project)
+    and the actor's project is the one the caller found for the credential; a challenge of a
+    project is then refused, as an open one is without it.
 
     Raises UnknownOrExpiredChallenge, VerificationFailed, InvalidRequest naming ``webauthn``
     when the project has no relying party, StepUpRequired, BlockedByRiskPolicy."""
@@ -308,8 +362,9 @@ async def sign_in(conn: asyncpg.Connection, actor: Actor, *,
             await _refused(conn, actor, attempt, None, project_id, step_up.user_id,
                            UnknownOrExpiredChallenge(), step_up=step_up)
         raise UnknownOrExpiredChallenge()
-    if row["expired"] or row["ceremony"] != AUTHENTICATION or row["project_id"] != project_id:
-        ours = row["project_id"] == project_id
+    expected = None if open_challenge else project_id
+    if row["expired"] or row["ceremony"] != AUTHENTICATION or row["project_id"] != expected:
+        ours = row["project_id"] == expected
         await _refused(conn, actor, attempt, digest, project_id if ours else None,
                        row["user_id"] if ours else None, UnknownOrExpiredChallenge(),
                        step_up=step_up)

@@ -105,7 +105,7 @@ class PortalSessionCookie:
         return PortalCall(request, actor, session=session)
 
 
-SESSION: Final = PortalSessionCookie()
+SESSION: Final = PortalSessionCookie(security=("portal_session",))
 
 
 # --- links -------------------------------------------------------------------------------------

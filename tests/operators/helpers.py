@@ -9,6 +9,7 @@ Selenium is synchronous: the browser helpers here are plain functions the tests 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import secrets
 from collections.abc import Callable
@@ -21,12 +22,19 @@ from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
+from common.db import create_pool
+from control_plane.risk import service as risk
+from control_plane.risk.schemas import PolicyBody
+from control_plane.web.actor import system_actor
 from tests.fixtures.peers import SmtpSink
 from tests.fixtures.service import BOOTSTRAP_TOKEN, Api, Project
 
 SENT = "If {email} is an operator's address, a sign-in link is on its way. It expires in 15 minutes."
 LINK_RE = re.compile(r"https?://\S+/v1/auth/magic-link/verify\?\S+#token=\S+")
 SIGN_IN_SUBJECT = "Your sign-in link for "
+FIREFOX_WINDOWS = ("Mozilla/5.0 (Windows NT 10.0; Win64; x64; rv:133.0) Gecko/20100101 "
+                   "Firefox/133.0")
+"""Another device than headless Chromium, to the risk engine."""
 
 
 @dataclass
@@ -91,6 +99,22 @@ async def mailed_link(console: ConsoleService, destination: str, *, count: int =
         assert asyncio.get_running_loop().time() < deadline, \
             f"{len(texts)} of {count} message(s) {subject!r} to {destination} arrived"
         await asyncio.sleep(0.05)
+
+
+async def challenge_new_devices(console_db: str, project_id: str) -> None:
+    """Set the operator project ``project_id``'s risk policy: challenge at 10, block at 90,
+    every signal at its default weight, so a sign-in from a device the operator has not used
+    (``new_device``, 15) is challenged. The operator project has no API key, so no
+    ``PUT /v1/risk/policy`` reaches it: this runs what that route runs
+    (``risk.service.set_policy``), on a pool with the service's codecs."""
+    actor = dataclasses.replace(system_actor("console_test"), project_id=project_id)
+    pool = await create_pool(console_db, max_size=1)
+    try:
+        async with pool.acquire() as conn:
+            await risk.set_policy(conn, actor, body=PolicyBody.model_validate(
+                {"threshold_challenge": 10, "threshold_block": 90}))
+    finally:
+        await pool.close()
 
 
 # --- the browser ----------------------------------------------------------------------------------
@@ -237,13 +261,11 @@ def add_passkey(driver: webdriver.Chrome, base_url: str, name: str) -> str:
     return str(WebDriverWait(driver, 20, ignored_exceptions=(WebDriverException,)).until(settled))
 
 
-def passkey_sign_in(driver: webdriver.Chrome, base_url: str, address: str) -> str:
-    """On the console's sign-in page, sign in with a passkey for ``address``: the path the
-    browser ends on when it left the page, else what the page said."""
+def passkey_sign_in(driver: webdriver.Chrome, base_url: str) -> str:
+    """On the console's sign-in page, sign in with a passkey (no address: the authenticator
+    offers its passkeys of the service): the path the browser ends on when it left the page,
+    else what the page said."""
     driver.get(f"{base_url}/console/sign-in")
-    field = driver.find_element(By.ID, "email")
-    field.clear()
-    field.send_keys(address)
     driver.find_element(By.ID, "passkey").click()
 
     def settled(d: Any) -> str | None:
@@ -299,3 +321,23 @@ def ceremonies(driver: webdriver.Chrome, project_id: str,
     result: dict[str, Any] = driver.execute_async_script(CEREMONIES, project_id,
                                                          access_token or "")
     return result
+
+
+def pretend(driver: webdriver.Chrome, user_agent: str | None) -> None:
+    """From now on the browser says it is ``user_agent`` (its requests' User-Agent, without
+    client hints: another device to the risk engine); None: itself again."""
+    driver.execute_cdp_cmd("Emulation.setUserAgentOverride", {"userAgent": user_agent or ""})
+
+
+def step_up_buttons(driver: webdriver.Chrome) -> dict[str, bool]:
+    """Which step-up buttons the page shows (``step-up-passkey``, ``step-up-link``)."""
+    return {name: driver.find_element(By.ID, name).is_displayed()
+            for name in ("step-up-passkey", "step-up-link")}
+
+
+def left_for(driver: webdriver.Chrome, path: str) -> str:
+    """Wait until the browser is on ``path`` with the page loaded; its path (else a timeout)."""
+    def arrived(d: Any) -> str | None:
+        at, state = d.execute_script("return [location.pathname, document.readyState]")
+        return str(at) if at == path and state == "complete" else None
+    return str(WebDriverWait(driver, 20, ignored_exceptions=(WebDriverException,)).until(arrived))

@@ -1,8 +1,9 @@
 """Passkey sign-in to the operator console in headless Chromium with a virtual authenticator
 (Chrome DevTools Protocol ``WebAuthn.addVirtualAuthenticator``: CTAP2, internal, resident keys,
-user verification): an operator signed in by a link adds a passkey, signs out, signs in with it
-and acts as the operator (``actor_type`` ``operator``); a user of an ordinary project with a
-passkey gets no console session; a removed operator's passkey signs no one in to the console.
+user verification): an operator signed in by a link adds a (discoverable) passkey, signs out,
+signs in with it without typing an address and acts as the operator (``actor_type``
+``operator``); a user of an ordinary project with a passkey of the same host gets no console
+session; a removed operator's passkey signs no one in to the console.
 The operator project's relying party is the service's host (``localhost``) and base URL, set by
 the service itself. When a test fails, a screenshot and the HTML of the page are kept in its
 ``tmp_path`` (the path is printed).
@@ -11,6 +12,7 @@ the service itself. When a test fails, a screenshot and the HTML of the page are
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,6 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.fixtures.browser import kept_on_failure
 from tests.fixtures.database import events
-from tests.fixtures.service import assert_error
 from tests.operators.helpers import (
     ConsoleService,
     Tenant,
@@ -30,6 +31,7 @@ from tests.operators.helpers import (
     ceremonies,
     console_log,
     credential_count,
+    csrf_of,
     fresh,
     mailed_link,
     open_page,
@@ -37,12 +39,12 @@ from tests.operators.helpers import (
     passkey_sign_in,
     remove_authenticator,
     signed_in,
-    status_text,
     tenant,
 )
 
-NO_PASSKEY = ("No operator has a passkey for this address: sign in with a link, then add a "
-              "passkey on the console's Passkeys page.")
+NOT_AN_OPERATOR = ("This passkey is no operator's: sign in with a link, then add a passkey on "
+                   "the console's Passkeys page.")
+UNKNOWN_PASSKEY = "No passkey of this project has that credential id."
 
 
 async def _operator_project(console: ConsoleService, who: Tenant) -> str:
@@ -84,6 +86,17 @@ async def test_an_operator_adds_a_passkey_and_signs_in_with_it(
     try:
         async with kept_on_failure(browser, tmp_path / "failure"):
             await signed_in(browser, console, acme)
+            # The console asks for a discoverable credential (the sign-in needs no address),
+            # named with the operator project (every tenant's console passkeys share a host).
+            got = await asyncio.to_thread(page_fetch, browser, "POST", "/console/passkeys/options",
+                                          {}, {"X-CSRF-Token": await asyncio.to_thread(
+                                              csrf_of, browser)})
+            assert got["status"] == 200, got
+            creation = json.loads(got["text"])
+            assert creation["authenticatorSelection"]["residentKey"] == "required", creation
+            assert creation["authenticatorSelection"]["userVerification"] == "required", creation
+            assert creation["user"]["name"] == acme.operator_email
+            assert creation["user"]["displayName"] == f"{acme.operator_email} (Acme operators)"
             said = await asyncio.to_thread(add_passkey, browser, console.base_url, "Laptop")
             assert said == "Added the passkey Laptop.", said
             assert await asyncio.to_thread(credential_count, browser, authenticator) == 1
@@ -94,8 +107,7 @@ async def test_an_operator_adds_a_passkey_and_signs_in_with_it(
 
             await asyncio.to_thread(_sign_out, browser)
             assert await asyncio.to_thread(browser.get_cookie, "authio_console") is None
-            landed = await asyncio.to_thread(passkey_sign_in, browser, console.base_url,
-                                             acme.operator_email)
+            landed = await asyncio.to_thread(passkey_sign_in, browser, console.base_url)
             assert landed == "/console/recovery", landed
             header = await asyncio.to_thread(
                 lambda: browser.find_element(By.CSS_SELECTOR, "header").text)
@@ -120,9 +132,10 @@ async def test_an_operator_adds_a_passkey_and_signs_in_with_it(
             assert row is not None
             assert await asyncio.to_thread(_click_in_row, browser, row, "Remove") == "Removed."
             await asyncio.to_thread(_sign_out, browser)
-            said = await asyncio.to_thread(passkey_sign_in, browser, console.base_url,
-                                           acme.operator_email)
-            assert said == NO_PASSKEY, said
+            # The authenticator still offers it; the operator project knows it no more.
+            said = await asyncio.to_thread(passkey_sign_in, browser, console.base_url)
+            assert said == UNKNOWN_PASSKEY, said
+            assert await asyncio.to_thread(browser.get_cookie, "authio_console") is None
     finally:
         await asyncio.to_thread(remove_authenticator, browser, authenticator)
 
@@ -170,14 +183,13 @@ async def test_a_user_of_an_ordinary_project_with_a_passkey_gets_no_console_sess
             assert seen["console"]["status"] == 401, seen
             assert seen["console"]["body"]["error"]["details"]["reason"] == "not_an_operator"
             assert await asyncio.to_thread(browser.get_cookie, "authio_console") is None
-            # The console's passkey sign-in knows no operator of that address.
-            said = await asyncio.to_thread(passkey_sign_in, browser, console.base_url, address)
-            assert said == NO_PASSKEY, said
+            # The console's passkey sign-in is offered that passkey (same host), and its user
+            # is no operator.
+            said = await asyncio.to_thread(passkey_sign_in, browser, console.base_url)
+            assert said == NOT_AN_OPERATOR, said
             assert await asyncio.to_thread(browser.get_cookie, "authio_console") is None
     finally:
         await asyncio.to_thread(remove_authenticator, browser, authenticator)
-    r = await console.api.post("/console/sign-in/passkey", {"email": address}, key=None)
-    assert_error(r, 404, "not_found")
 
 
 async def test_a_removed_operators_passkey_no_longer_signs_in(
@@ -195,9 +207,8 @@ async def test_a_removed_operators_passkey_no_longer_signs_in(
             await asyncio.to_thread(fresh, browser)
             # The authenticator still holds the credential; the console refuses it.
             assert await asyncio.to_thread(credential_count, browser, authenticator) == 1
-            said = await asyncio.to_thread(passkey_sign_in, browser, console.base_url,
-                                           acme.operator_email)
-            assert said == NO_PASSKEY, said
+            said = await asyncio.to_thread(passkey_sign_in, browser, console.base_url)
+            assert said == NOT_AN_OPERATOR, said
             # Nor does the operator project's own passkey login take it: the passkey went with
             # the operator's user.
             seen = await asyncio.to_thread(ceremonies, browser, operators, None)
@@ -212,18 +223,3 @@ async def test_a_removed_operators_passkey_no_longer_signs_in(
             assert "Sign in to the operator console" in got["text"], got
     finally:
         await asyncio.to_thread(remove_authenticator, browser, authenticator)
-
-
-async def test_passkey_sign_in_needs_an_address(console: ConsoleService,
-                                                browser: webdriver.Chrome,
-                                                tmp_path: Path) -> None:
-    async with kept_on_failure(browser, tmp_path / "failure"):
-        await asyncio.to_thread(fresh, browser)
-        await asyncio.to_thread(open_page, browser, f"{console.base_url}/console/sign-in")
-
-        def press() -> str:
-            browser.find_element(By.ID, "passkey").click()
-            return status_text(browser)
-        said = await asyncio.to_thread(press)
-        assert said == "Enter your e-mail address, then sign in with a passkey.", said
-        assert await asyncio.to_thread(console_log, browser) == []
