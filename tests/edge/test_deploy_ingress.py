@@ -1,7 +1,8 @@
-"""The production ingress of ``deploy/nginx.conf`` in front of a control plane and a separately
-running engine, with Debian's nginx (installed by the tests when missing): checks and edge
-validation reach the engine, everything else the control plane. Edge validation used to fall
-through to the control plane, which answers it 404."""
+"""The production ingress of ``deploy/nginx.conf`` (and the routing it includes,
+``deploy/authio-routes.conf``) in front of a control plane and a separately running engine, with
+Debian's nginx (installed by the tests when missing): checks and edge validation reach the
+engine, everything else the control plane. Edge validation used to fall through to the control
+plane, which answers it 404."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ async def test_the_ingress_routes_edge_validation_to_the_engine(
             site = site.replace(name, api.base_url.removeprefix("http://"))
         assert "listen 80;" in site
         site = site.replace("listen 80;", f"listen 127.0.0.1:{port};")
+        # The routing is its own file, which `make run-split` includes too (devtools.split).
+        include = "include authio-routes.conf;"
+        assert include in site
+        site = site.replace(include, f"include {ROOT / 'deploy' / 'authio-routes.conf'};")
         signed = await pair.sign_in()
         store = (await pair.project.api.post("/v1/stores", {"name": "ingress"})).body["id"]
         with nginx_serving(nginx_binary, site, port) as ingress:
