@@ -10,7 +10,7 @@ WITH_SERVICES = $(PY) -m devtools exec
 # stop and clean-run also work without the virtual environment (devtools' stop needs no package).
 DEVTOOLS = $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m devtools
 
-.PHONY: run test lint openapi lock stop clean-run
+.PHONY: run run-split test lint openapi lock stop clean-run
 
 # One line per step; a failed step stops with a message (devtools/bootstrap.sh).
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -23,10 +23,22 @@ lock:
 	{ sed -n '1,2p' constraints.txt; .lock-venv/bin/pip freeze --exclude-editable; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt && rm -rf .lock-venv
 
+# The local KMS key .run/kms.key unless SERVICE_KMS_KEY or SERVICE_KMS_KEY_FILE is set, and the
+# environment that names it (run and run-split).
+KMS_KEY = mkdir -p .run && { [ -n "$$SERVICE_KMS_KEY$$SERVICE_KMS_KEY_FILE" ] || [ -f .run/kms.key ] || $(VENV)/bin/authio kms-key --file .run/kms.key; }
+RUN_ENV = OTEL_EXPORTER=$${OTEL_EXPORTER:-none} SERVICE_KMS_KEY_FILE=$${SERVICE_KMS_KEY_FILE:-$$([ -n "$$SERVICE_KMS_KEY" ] || echo .run/kms.key)}
+
 run: $(VENV)/.installed
-	@mkdir -p .run && { [ -n "$$SERVICE_KMS_KEY$$SERVICE_KMS_KEY_FILE" ] || [ -f .run/kms.key ] || $(VENV)/bin/authio kms-key --file .run/kms.key; }
-	@OTEL_EXPORTER=$${OTEL_EXPORTER:-none} SERVICE_KMS_KEY_FILE=$${SERVICE_KMS_KEY_FILE:-$$([ -n "$$SERVICE_KMS_KEY" ] || echo .run/kms.key)} \
-	  $(WITH_SERVICES) --hint -- sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
+	@$(KMS_KEY)
+	@$(RUN_ENV) $(WITH_SERVICES) --hint -- sh -c '$(VENV)/bin/authio migrate && exec $(VENV)/bin/authio serve --generate-bootstrap-token'
+
+# The production topology on one machine (devtools/split.py): `authio serve engine --workers N`
+# and `authio serve control-plane` as separate processes behind nginx (installed when missing)
+# with deploy/'s routing, on PORT; the same PostgreSQL, Redis and migrations as run. Ctrl-C
+# stops all of it. SPLIT_ARGS: more options (--workers N, --engine-port, --control-plane-port).
+run-split: $(VENV)/.installed
+	@$(KMS_KEY)
+	@$(RUN_ENV) $(PY) -m devtools split --hint $(SPLIT_ARGS)
 
 # After the tests, one line says where the private instances live, if any runs.
 test: $(VENV)/.installed
