@@ -1,0 +1,390 @@
+"""Every operation of the clients, once: each function takes the method's arguments and returns
+the :class:`~authio_client._core.Call` to send (paths and bodies of ``docs/openapi.json``).
+:class:`~authio_client.AuthioClient` and :class:`~authio_client.AsyncAuthioClient` expose each
+one as a method of the same name and signature (the sync one answering the value, the async one
+a coroutine of it); their docstrings are these."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+from urllib.parse import quote
+
+from authio_client._core import Call, Reply
+from authio_client.errors import AuthioError, error_from
+from authio_client.models import (
+    ApiKey,
+    AuditEvent,
+    CheckResult,
+    Deleted,
+    Membership,
+    Organization,
+    Page,
+    Project,
+    Revision,
+    SigningKey,
+    Store,
+    StoredTuple,
+    TupleKey,
+    TupleLike,
+    User,
+    WriteResult,
+    tuple_key,
+)
+
+MAX_BATCH: Final = 1000
+"""The most checks one ``batch-check`` request carries, and the most tuples one write carries
+(``BatchCheckRequest.checks`` and ``WriteBody.writes`` ``maxItems`` in the OpenAPI document)."""
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final[Any] = _Unset()
+"""The default of a field an update leaves as it is (None may be a value to set)."""
+
+
+def _seg(value: str) -> str:
+    return quote(value, safe="")
+
+
+def _page(item: Any) -> Any:
+    def parse(r: Reply) -> Page[Any]:
+        b = r.body
+        return Page([item(d) for d in b["data"]], b.get("next_cursor"), bool(b.get("has_more")),
+                    r.request_id)
+    return parse
+
+
+def _changes(**fields: Any) -> dict[str, Any]:
+    return {k: v for k, v in fields.items() if v is not UNSET}
+
+
+def _revision(store_id: str, value: Revision | int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, Revision):
+        if value.store_id != store_id:
+            raise ValueError(f"a revision of store {value.store_id} used with store {store_id}")
+        return value.value
+    return int(value)
+
+
+# -- project ----------------------------------------------------------------------------------
+
+
+def get_project() -> Call[Project]:
+    """The calling key's project (``GET /v1/projects/me``)."""
+    return Call("GET", "/v1/projects/me", lambda r: Project.from_json(r.body), idempotent=True)
+
+
+# -- users ------------------------------------------------------------------------------------
+
+
+def create_user(email: str, *, name: str | None = None, email_verified: bool | None = None,
+                phone_number: str | None = None, metadata: Mapping[str, Any] | None = None) -> Call[User]:
+    """Create a user (``POST /v1/users``), idempotently on the e-mail: an existing user is
+    answered as it is, with ``created=False``; a new one (``created=True``) is sent an
+    enrollment link. Raises InvalidRequest (``invalid_email`` 422), Conflict
+    (``phone_in_use``)."""
+    body = _changes(email=email, name=name if name is not None else UNSET,
+                    email_verified=email_verified if email_verified is not None else UNSET,
+                    phone_number=phone_number if phone_number is not None else UNSET,
+                    metadata=dict(metadata) if metadata is not None else UNSET)
+    return Call("POST", "/v1/users", lambda r: User.from_json(r.body, created=r.status == 201),
+                json=body, idempotent=True)
+
+
+def get_user(user_id: str) -> Call[User]:
+    """One user (``GET /v1/users/{user_id}``); UserNotFound when the project has none by that id."""
+    return Call("GET", f"/v1/users/{_seg(user_id)}", lambda r: User.from_json(r.body), idempotent=True)
+
+
+def list_users(*, email: str | None = None, limit: int | None = None,
+               cursor: str | None = None) -> Call[Page[User]]:
+    """A page of the project's users in creation order (``GET /v1/users``); ``email`` filters
+    exactly (case-insensitively); ``limit`` 1 to 1000 (50 by default)."""
+    return Call("GET", "/v1/users", _page(User.from_json),
+                params={"email": email, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def update_user(user_id: str, *, email: str = UNSET, name: str = UNSET, email_verified: bool = UNSET,
+                phone_number: str | None = UNSET, metadata: Mapping[str, Any] = UNSET) -> Call[User]:
+    """Change the fields given (``PATCH /v1/users/{user_id}``); ``metadata`` replaces the whole
+    object. Raises UserNotFound, Conflict (``email_in_use``), InvalidRequest."""
+    body = _changes(email=email, name=name, email_verified=email_verified, phone_number=phone_number,
+                    metadata=dict(metadata) if metadata is not UNSET else UNSET)
+    return Call("PATCH", f"/v1/users/{_seg(user_id)}", lambda r: User.from_json(r.body), json=body,
+                idempotent=True)
+
+
+def delete_user(user_id: str) -> Call[Deleted]:
+    """Delete a user, with its memberships and sessions (``DELETE /v1/users/{user_id}``)."""
+    return Call("DELETE", f"/v1/users/{_seg(user_id)}", lambda r: Deleted.from_json(r.body),
+                idempotent=True)
+
+
+def list_user_memberships(user_id: str, *, status: str | None = None, limit: int | None = None,
+                          cursor: str | None = None) -> Call[Page[Membership]]:
+    """A page of one user's memberships, with each organization's name and slug."""
+    return Call("GET", f"/v1/users/{_seg(user_id)}/memberships", _page(Membership.from_json),
+                params={"status": status, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+# -- organizations and memberships ------------------------------------------------------------
+
+
+def create_organization(name: str, slug: str, *,
+                        metadata: Mapping[str, Any] | None = None) -> Call[Organization]:
+    """Create an organization (``POST /v1/organizations``); ``slug`` lowercase alphanumeric with
+    hyphens, unique in the project. Raises SlugInUse (409), InvalidRequest (``invalid_slug``)."""
+    body = _changes(name=name, slug=slug, metadata=dict(metadata) if metadata is not None else UNSET)
+    return Call("POST", "/v1/organizations", lambda r: Organization.from_json(r.body), json=body)
+
+
+def get_organization(org_id: str) -> Call[Organization]:
+    """One organization; OrganizationNotFound when there is none."""
+    return Call("GET", f"/v1/organizations/{_seg(org_id)}", lambda r: Organization.from_json(r.body),
+                idempotent=True)
+
+
+def list_organizations(*, limit: int | None = None, cursor: str | None = None) -> Call[Page[Organization]]:
+    """A page of the project's organizations in creation order."""
+    return Call("GET", "/v1/organizations", _page(Organization.from_json),
+                params={"limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def update_organization(org_id: str, *, name: str = UNSET, slug: str = UNSET,
+                        metadata: Mapping[str, Any] = UNSET) -> Call[Organization]:
+    """Change an organization's name, slug or metadata (replaced whole)."""
+    body = _changes(name=name, slug=slug, metadata=dict(metadata) if metadata is not UNSET else UNSET)
+    return Call("PATCH", f"/v1/organizations/{_seg(org_id)}", lambda r: Organization.from_json(r.body),
+                json=body, idempotent=True)
+
+
+def delete_organization(org_id: str) -> Call[Deleted]:
+    """Delete an organization with its memberships and invitations."""
+    return Call("DELETE", f"/v1/organizations/{_seg(org_id)}", lambda r: Deleted.from_json(r.body),
+                idempotent=True)
+
+
+def add_membership(org_id: str, user_id: str, *, role: str | None = None) -> Call[Membership]:
+    """Add a user of the project to the organization (``role`` ``member`` by default). Raises
+    AlreadyAMember (409), OrganizationNotFound."""
+    body = _changes(user_id=user_id, role=role if role is not None else UNSET)
+    return Call("POST", f"/v1/organizations/{_seg(org_id)}/memberships",
+                lambda r: Membership.from_json(r.body), json=body)
+
+
+def get_membership(org_id: str, membership_id: str) -> Call[Membership]:
+    """One membership; MembershipNotFound when there is none."""
+    return Call("GET", f"/v1/organizations/{_seg(org_id)}/memberships/{_seg(membership_id)}",
+                lambda r: Membership.from_json(r.body), idempotent=True)
+
+
+def list_memberships(org_id: str, *, status: str | None = None, limit: int | None = None,
+                     cursor: str | None = None) -> Call[Page[Membership]]:
+    """A page of an organization's memberships (``status`` ``active`` or ``suspended`` filters)."""
+    return Call("GET", f"/v1/organizations/{_seg(org_id)}/memberships", _page(Membership.from_json),
+                params={"status": status, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def update_membership(org_id: str, membership_id: str, *, role: str = UNSET,
+                      status: str = UNSET) -> Call[Membership]:
+    """Change a membership's role or status (``active`` or ``suspended``)."""
+    return Call("PATCH", f"/v1/organizations/{_seg(org_id)}/memberships/{_seg(membership_id)}",
+                lambda r: Membership.from_json(r.body), json=_changes(role=role, status=status),
+                idempotent=True)
+
+
+def remove_membership(org_id: str, membership_id: str) -> Call[Deleted]:
+    """Remove a user from the organization."""
+    return Call("DELETE", f"/v1/organizations/{_seg(org_id)}/memberships/{_seg(membership_id)}",
+                lambda r: Deleted.from_json(r.body), idempotent=True)
+
+
+# -- API keys -----------------------------------------------------------------------------------
+
+
+def create_api_key(name: str, *, scopes: Sequence[str] = (), prefix: str = "sk_live_") -> Call[ApiKey]:
+    """Create an API key (its ``secret`` is in this answer only). ``scopes`` empty means full
+    access; a key never creates a key with more access than itself (InsufficientScope)."""
+    return Call("POST", "/v1/api-keys", lambda r: ApiKey.from_json(r.body),
+                json={"prefix": prefix, "name": name, "scopes": list(scopes)})
+
+
+def list_api_keys(*, limit: int | None = None, cursor: str | None = None) -> Call[Page[ApiKey]]:
+    """A page of the project's API keys (never their secrets)."""
+    return Call("GET", "/v1/api-keys", _page(ApiKey.from_json),
+                params={"limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def revoke_api_key(key_id: str) -> Call[ApiKey]:
+    """Revoke an API key: it stops working at once on every service."""
+    return Call("DELETE", f"/v1/api-keys/{_seg(key_id)}", lambda r: ApiKey.from_json(r.body),
+                idempotent=True)
+
+
+# -- stores, tuples, checks -----------------------------------------------------------------------
+
+
+def create_store(name: str) -> Call[Store]:
+    """Create a tuple store, at revision 0."""
+    return Call("POST", "/v1/stores", lambda r: Store.from_json(r.body), json={"name": name})
+
+
+def get_store(store_id: str) -> Call[Store]:
+    """A store and its latest revision; StoreNotFound when the project has none by that id."""
+    return Call("GET", f"/v1/stores/{_seg(store_id)}", lambda r: Store.from_json(r.body), idempotent=True)
+
+
+def list_stores(*, limit: int | None = None, cursor: str | None = None) -> Call[Page[Store]]:
+    """A page of the project's stores in creation order."""
+    return Call("GET", "/v1/stores", _page(Store.from_json),
+                params={"limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def write_tuples(store_id: str, *, writes: Iterable[TupleLike] = (), deletes: Iterable[TupleLike] = (),
+                 idempotency_key: str | None = None) -> Call[WriteResult]:
+    """Write and delete tuples atomically (1 to 1,000 in all; ``POST /v1/stores/{id}/write``).
+
+    An ``Idempotency-Key`` (a new UUID unless ``idempotency_key`` is given) goes with the call
+    and with each of its retries, so a write answered 503 or lost on the wire and sent again is
+    applied once, and the answer is the first one's (``replayed=True`` when the service says
+    so). The answer's ``revision`` is what to pass as a check's ``at_least_revision``. Raises
+    StoreNotFound, InvalidRequest, IdempotencyKeyReused (a key reused with other tuples)."""
+    key = idempotency_key or str(uuid.uuid4())
+    body: dict[str, Any] = {}
+    w = [tuple_key(t).to_json() for t in writes]
+    d = [tuple_key(t).to_json() for t in deletes]
+    if w:
+        body["writes"] = w
+    if d:
+        body["deletes"] = d
+
+    def parse(r: Reply) -> WriteResult:
+        b = r.body
+        return WriteResult(int(b["written"]), int(b["deleted"]), Revision(store_id, int(b["revision"])),
+                           key, r.headers.get("idempotent-replayed") == "true", r.request_id)
+    return Call("POST", f"/v1/stores/{_seg(store_id)}/write", parse, json=body,
+                headers={"Idempotency-Key": key})
+
+
+def list_tuples(store_id: str, *, object: str | None = None, relation: str | None = None,
+                user: str | None = None, limit: int | None = None,
+                cursor: str | None = None) -> Call[Page[StoredTuple]]:
+    """A page of a store's tuples in (object, relation, user) order, filtered exactly."""
+    return Call("GET", f"/v1/stores/{_seg(store_id)}/tuples", _page(StoredTuple.from_json),
+                params={"object": object, "relation": relation, "user": user, "limit": limit,
+                        "cursor": cursor}, idempotent=True)
+
+
+def check_body(tuple_: TupleKey, at_least: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"tuple_key": tuple_.to_json()}
+    if at_least is not None:
+        body["consistency"] = {"at_least_revision": at_least}
+    return body
+
+
+def check(store_id: str, object: str, relation: str, user: str, *,
+          at_least_revision: Revision | int | None = None) -> Call[CheckResult]:
+    """Does ``user`` have ``relation`` on ``object``? (``POST /v1/stores/{id}/check``, answered
+    by the engine from memory.) ``at_least_revision`` (a write's :class:`Revision`) makes the
+    check see that write: the engine waits for it (bounded; ``revision_not_reached`` 503 is
+    retried), and a revision beyond the store's latest is RevisionAhead at once. Raises
+    StoreNotFound, InvalidRequest, ResolutionTooComplex (the depth cap, never a no)."""
+    body = check_body(TupleKey(object, relation, user), _revision(store_id, at_least_revision))
+    stale = "x-authio-stale"
+    return Call("POST", f"/v1/stores/{_seg(store_id)}/check",
+                lambda r: CheckResult.from_json(r.body, r.headers.get(stale) == "true"),
+                json=body, idempotent=True, target="engine")
+
+
+def item_result(item: Mapping[str, Any], stale: bool, request_id: str | None) -> CheckResult | AuthioError:
+    """One result of a batch-check answer: the check's answer, or the error of that item alone."""
+    info = item.get("error")
+    if isinstance(info, Mapping):
+        status = _ITEM_STATUS.get(str(info.get("code")), 400)
+        err = error_from(status, {"error": info}, request_id=request_id)
+        if status == 503:
+            err.retry_after = 1.0
+        return err
+    return CheckResult.from_json(item, stale)
+
+
+_ITEM_STATUS: Final = {"invalid_request": 400, "revision_ahead": 400, "resolution_too_complex": 422,
+                       "revision_not_reached": 503}
+
+
+def batch_check_chunk(store_id: str, items: Sequence[Mapping[str, Any]],
+                      at_least: int | None) -> Call[list[CheckResult | AuthioError]]:
+    """One ``batch-check`` request of at most :data:`MAX_BATCH` ready items."""
+    body: dict[str, Any] = {"checks": list(items)}
+    if at_least is not None:
+        body["consistency"] = {"at_least_revision": at_least}
+
+    def parse(r: Reply) -> list[CheckResult | AuthioError]:
+        stale = bool(r.body.get("stale")) or r.headers.get("x-authio-stale") == "true"
+        return [item_result(i, stale, r.request_id) for i in r.body["results"]]
+    return Call("POST", f"/v1/stores/{_seg(store_id)}/batch-check", parse, json=body, idempotent=True,
+                target="engine")
+
+
+def batch_items(store_id: str, checks: Iterable[TupleLike],
+                at_least_revision: Revision | int | None) -> tuple[list[dict[str, Any]], int | None]:
+    return ([{"tuple_key": tuple_key(c).to_json()} for c in checks],
+            _revision(store_id, at_least_revision))
+
+
+# -- audit ----------------------------------------------------------------------------------------
+
+
+def list_audit_events(*, type: str | Sequence[str] | None = None, user: str | None = None,
+                      actor: str | None = None, since: datetime | str | None = None,
+                      until: datetime | str | None = None, q: str | None = None,
+                      limit: int | None = None, cursor: str | None = None) -> Call[Page[AuditEvent]]:
+    """A page of the project's audit events, newest first (``GET /v1/audit/events``, SPEC.md 4
+    "Audit query filters"): ``type`` action names, ``user`` and ``actor`` exact ids, ``since``
+    and ``until`` the ``from`` and ``to`` timestamps, ``q`` a substring. Needs ``audit:read``."""
+    return Call("GET", "/v1/audit/events", _page(AuditEvent.from_json),
+                params={"type": type, "user": user, "actor": actor, "from": since, "to": until,
+                        "q": q, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+# -- signing keys, sessions -------------------------------------------------------------------------
+
+
+def rotate_signing_key(*, alg: str | None = None) -> Call[SigningKey]:
+    """Rotate the project's signing key now (``keys:write``): the new key signs at once, the old
+    one stays in the JWKS until its tokens have expired. ``alg`` ``EdDSA`` or ``RS256``."""
+    return Call("POST", "/v1/signing-keys/rotate", lambda r: SigningKey.from_json(r.body),
+                json=_changes(alg=alg if alg is not None else UNSET))
+
+
+def get_jwks(project_id: str) -> Call[dict[str, Any]]:
+    """The project's JWK Set (RFC 7517), ``GET /v1/auth/.well-known/jwks.json`` (public)."""
+    return Call("GET", "/v1/auth/.well-known/jwks.json", lambda r: dict(r.body),
+                params={"project_id": project_id}, idempotent=True, bearer="")
+
+
+def edge_validate(token: str, *, project_id: str | None = None, store_id: str | None = None,
+                  object: str | None = None, relation: str | None = None) -> Call[dict[str, Any]]:
+    """Ask the engine whether the session of ``token`` is valid now (``GET /v1/edge/validate``):
+    its identity (``user_id``, ``session_id``, ``org_id``, ``org_role``, ``project_id``), or
+    InvalidSession (``reason`` ``revoked``, ``expired``, ``signature``, ``project``) / NoSession;
+    with ``store_id``, ``object`` and ``relation`` also checks ``user:<sub>`` (Forbidden when
+    denied)."""
+    return Call("GET", "/v1/edge/validate", lambda r: dict(r.body),
+                params={"project_id": project_id, "store_id": store_id, "object": object,
+                        "relation": relation}, idempotent=True, target="engine", bearer=token)
+
+
+def revoke_session(access_token: str) -> Call[dict[str, Any]]:
+    """Sign the session of ``access_token`` out everywhere, at once (``POST
+    /v1/sessions/revoke``)."""
+    return Call("POST", "/v1/sessions/revoke", lambda r: dict(r.body), bearer=access_token,
+                idempotent=True)

@@ -1,0 +1,336 @@
+"""The answers of the service as typed, immutable dataclasses.
+
+Each ``from_json`` reads the fields documented in ``docs/openapi.json`` and ignores any other
+(a newer service may add fields); timestamps are RFC 3339 strings turned into aware
+:class:`datetime.datetime` objects (UTC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, TypeVar, Union
+
+__all__ = [
+    "ApiKey",
+    "AuditEvent",
+    "CheckResult",
+    "Deleted",
+    "Membership",
+    "Organization",
+    "Page",
+    "Project",
+    "Revision",
+    "Session",
+    "SigningKey",
+    "Store",
+    "StoredTuple",
+    "TupleKey",
+    "TupleLike",
+    "User",
+    "WriteResult",
+    "tuple_key",
+]
+
+T = TypeVar("T")
+
+
+def _time(value: Any) -> datetime:
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def _opt_time(value: Any) -> datetime | None:
+    return None if value is None else _time(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One keyset page of a listing: ``data`` in the listing's order, ``next_cursor`` to pass as
+    ``cursor`` for the next page (None on the last), ``has_more``."""
+
+    data: list[T]
+    next_cursor: str | None
+    has_more: bool
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Project:
+    id: str
+    name: str
+    environment: str
+    tenant_id: str
+    signing_alg: str
+    domains: list[str]
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Project:
+        return cls(d["id"], d["name"], d["environment"], d["tenant_id"], d["signing_alg"],
+                   list(d.get("domains") or []), _time(d["created_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A user of the project. ``created`` is set by ``create_user`` only: True when this call
+    created the user, False when one with that e-mail existed (the call is idempotent)."""
+
+    id: str
+    email: str | None
+    email_verified: bool
+    phone_number: str | None
+    phone_verified: bool
+    name: str
+    metadata: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+    last_sign_in_at: datetime | None
+    created: bool | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], created: bool | None = None) -> User:
+        return cls(d["id"], d.get("email"), bool(d.get("email_verified")), d.get("phone_number"),
+                   bool(d.get("phone_verified")), d.get("name") or "", dict(d.get("metadata") or {}),
+                   _time(d["created_at"]), _time(d["updated_at"]), _opt_time(d.get("last_sign_in_at")),
+                   created)
+
+
+@dataclass(frozen=True, slots=True)
+class Organization:
+    id: str
+    name: str
+    slug: str
+    metadata: dict[str, Any]
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Organization:
+        return cls(d["id"], d["name"], d["slug"], dict(d.get("metadata") or {}),
+                   _time(d["created_at"]), _time(d["updated_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """A user's membership in an organization (``status`` ``active`` or ``suspended``); the
+    organization's name and slug are filled when listed from the user's side."""
+
+    id: str
+    organization_id: str
+    user_id: str
+    role: str
+    status: str
+    created_at: datetime
+    updated_at: datetime
+    organization_name: str | None = None
+    organization_slug: str | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Membership:
+        return cls(d["id"], d["organization_id"], d["user_id"], d["role"], d["status"],
+                   _time(d["created_at"]), _time(d["updated_at"]), d.get("organization_name"),
+                   d.get("organization_slug"))
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key; ``secret`` is set only in the answer that created it (shown once)."""
+
+    id: str
+    name: str
+    prefix: str
+    last_four: str
+    scopes: list[str]
+    created_at: datetime
+    revoked_at: datetime | None
+    created_by_key_id: str | None
+    secret: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ApiKey:
+        return cls(d["id"], d["name"], d["prefix"], d["last_four"], list(d.get("scopes") or []),
+                   _time(d["created_at"]), _opt_time(d.get("revoked_at")),
+                   d.get("created_by_key_id"), d.get("secret") or None)
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """A tuple store; ``revision`` is its latest committed revision."""
+
+    id: str
+    name: str
+    revision: int
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Store:
+        return cls(d["id"], d["name"], int(d["revision"]), _time(d["created_at"]),
+                   _time(d["updated_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    id: str
+    deleted: bool = True
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Deleted:
+        return cls(d["id"], bool(d.get("deleted", True)))
+
+
+@dataclass(frozen=True, slots=True)
+class TupleKey:
+    """A relationship tuple: ``object`` and ``user`` as ``type:id`` (``user`` may be a userset,
+    ``type:id#relation``), ``relation`` a relation name (SPEC.md 2 "Authorization tuple")."""
+
+    object: str
+    relation: str
+    user: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"object": self.object, "relation": self.relation, "user": self.user}
+
+
+TupleLike = Union[TupleKey, tuple[str, str, str], Mapping[str, str]]  # noqa: UP007
+"""A tuple as :class:`TupleKey`, as ``(object, relation, user)`` or as a mapping with those keys."""
+
+
+def tuple_key(value: TupleLike) -> TupleKey:
+    """``value`` as a :class:`TupleKey` (TypeError for anything else)."""
+    if isinstance(value, TupleKey):
+        return value
+    if isinstance(value, tuple) and len(value) == 3:
+        return TupleKey(*value)
+    if isinstance(value, Mapping):
+        return TupleKey(value["object"], value["relation"], value["user"])
+    raise TypeError(f"not a tuple: {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTuple:
+    object: str
+    relation: str
+    user: str
+    revision: int
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> StoredTuple:
+        return cls(d["object"], d["relation"], d["user"], int(d["revision"]), _time(d["created_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """A store's revision, as a write answered it (a zookie in Zanzibar's words): pass it as
+    ``at_least_revision`` to a check so the check sees that write (read-your-writes). Carries
+    its store so it cannot be used with another one by mistake."""
+
+    store_id: str
+    value: int
+
+    def __int__(self) -> int:
+        return self.value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a tuple write changed, and the :class:`Revision` to check at. ``replayed`` is True
+    when the answer is the recorded one of an earlier try with the same ``Idempotency-Key``."""
+
+    written: int
+    deleted: int
+    revision: Revision
+    idempotency_key: str
+    replayed: bool = False
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """A check's answer: ``allowed``, ``resolution`` (``direct``, ``userset`` or ``none``),
+    ``resolution_path`` (the proof's steps), the ``revision`` it was answered at, the work it
+    took (``dispatch_count``, ``depth``), and ``stale`` (True while the engine cannot follow the
+    change log and answers from memory)."""
+
+    allowed: bool
+    resolution: str
+    resolution_path: list[str]
+    revision: int
+    dispatch_count: int = 0
+    depth: int = 0
+    stale: bool = False
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], stale: bool = False) -> CheckResult:
+        return cls(bool(d["allowed"]), d["resolution"], list(d.get("resolution_path") or []),
+                   int(d["revision"]), int(d.get("dispatch_count", 0)), int(d.get("depth", 0)),
+                   bool(d.get("stale")) or stale)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    id: str
+    created_at: datetime
+    action: str
+    actor_type: str
+    actor_id: str | None
+    user_id: str | None
+    project_id: str | None
+    target_type: str | None
+    target_id: str | None
+    ip: str | None
+    user_agent: str | None
+    description: str | None
+    metadata: dict[str, Any]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> AuditEvent:
+        return cls(d["id"], _time(d["created_at"]), d["action"], d["actor_type"], d.get("actor_id"),
+                   d.get("user_id"), d.get("project_id"), d.get("target_type"), d.get("target_id"),
+                   d.get("ip"), d.get("user_agent"), d.get("description"),
+                   dict(d.get("metadata") or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    kid: str
+    alg: str
+    status: str
+    created_at: datetime
+    activated_at: datetime | None
+    retired_at: datetime | None
+    publish_until: datetime | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SigningKey:
+        return cls(d["kid"], d["alg"], d["status"], _time(d["created_at"]),
+                   _opt_time(d.get("activated_at")), _opt_time(d.get("retired_at")),
+                   _opt_time(d.get("publish_until")))
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A verified end-user session (an access token that held): the user, the session, the
+    project, the selected organization and role (None when none is selected), when the token was
+    issued and expires (Unix seconds), the key that signed it, and every claim."""
+
+    user_id: str
+    session_id: str
+    project_id: str
+    org_id: str | None
+    org_role: str | None
+    issued_at: int
+    expires_at: int
+    kid: str
+    claims: dict[str, Any] = field(repr=False)
+    token: str = field(repr=False)
+
+    @property
+    def subject(self) -> str:
+        """The tuple subject of the session's user: ``user:<user_id>``."""
+        return f"user:{self.user_id}"
