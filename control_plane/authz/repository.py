@@ -4,6 +4,7 @@ and ``tuple_writes``, each write's outcome by its key."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Final
 
 import asyncpg
@@ -141,6 +142,94 @@ async def record_write(conn: asyncpg.Connection, store_id: str, key: str, reques
     await conn.execute(
         f"INSERT INTO tuple_writes ({_OUTCOME_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)",
         store_id, key, request, outcome.revision, outcome.written, outcome.deleted)
+
+
+# --- forgetting a subject (a data-subject deletion) ------------------------------------------
+
+
+async def project_stores(conn: asyncpg.Connection, project_id: str) -> list[tuple[str, int]]:
+    """The project's stores and their revisions, in id order."""
+    rows = await conn.fetch("SELECT id, revision FROM stores WHERE project_id = $1 ORDER BY id",
+                            project_id)
+    return [(r["id"], r["revision"]) for r in rows]
+
+
+async def lock_store(conn: asyncpg.Connection, project_id: str, store_id: str) -> int | None:
+    """The store's revision, its row locked until commit (None: no longer there)."""
+    revision: int | None = await conn.fetchval(
+        "SELECT revision FROM stores WHERE id = $1 AND project_id = $2 FOR UPDATE",
+        store_id, project_id)
+    return revision
+
+
+async def naming_changes(conn: asyncpg.Connection, store_id: str, subject: str, *, after: int,
+                         upto: int) -> list[asyncpg.Record]:
+    """The store's change-log rows above revision ``after`` up to ``upto`` that name
+    ``subject`` (``type:id``) as the object, the user, or the object of a userset user
+    (``type:id#relation``), in log order: ``revision, seq, object, relation, subject,
+    created_at``. Reads the store's whole log in that range (the log has no index but its
+    primary key; a data-subject deletion is rare)."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """SELECT revision, seq, object, relation, subject, created_at FROM tuple_changes
+           WHERE store_id = $1 AND revision > $2 AND revision <= $3
+             AND (object = $4 OR subject = $4 OR starts_with(subject, $5))
+           ORDER BY revision, seq""",
+        store_id, after, upto, subject, subject + "#")
+    return rows
+
+
+async def delete_naming(conn: asyncpg.Connection, store_id: str, subject: str,
+                        keys: list[tuple[str, str, str]]) -> list[asyncpg.Record]:
+    """Delete the store's tuples whose user or object is ``subject``, and those of ``keys``
+    ``(object, relation, subject)`` (a userset user's tuples, found in the change log): each by
+    an index. The deleted ones (``object, relation, subject``)."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        """DELETE FROM tuples WHERE store_id = $1 AND (subject = $2 OR object = $2)
+           RETURNING object, relation, subject""", store_id, subject)
+    if keys:
+        rows += await conn.fetch(
+            """DELETE FROM tuples t
+               USING unnest($2::text[], $3::text[], $4::text[]) AS k(object, relation, subject)
+               WHERE t.store_id = $1 AND t.object = k.object AND t.relation = k.relation
+                 AND t.subject = k.subject
+               RETURNING t.object, t.relation, t.subject""",
+            store_id, [k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
+    return rows
+
+
+async def redact_changes(conn: asyncpg.Connection, store_id: str,
+                         rows: list[tuple[int, int, str, str]]) -> None:
+    """Set the object and user of the store's change-log rows ``(revision, seq, object,
+    subject)``."""
+    if rows:
+        await conn.execute(
+            """UPDATE tuple_changes c SET object = r.object, subject = r.subject
+               FROM unnest($2::bigint[], $3::int[], $4::text[], $5::text[])
+                    AS r(revision, seq, object, subject)
+               WHERE c.store_id = $1 AND c.revision = r.revision AND c.seq = r.seq""",
+            store_id, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+            [r[3] for r in rows])
+
+
+async def record_deletes(conn: asyncpg.Connection, store_id: str, revision: int,
+                         deletes: list[tuple[str, str, str]]) -> datetime:
+    """Log ``deletes`` ``(object, relation, subject)`` at ``revision``, in order, move the store
+    to it and announce it (one statement, as :func:`record_changes`; no write outcome: no
+    client key). Returns the rows' ``created_at``: the transaction's time."""
+    logged: datetime = await conn.fetchval(
+        """WITH changes AS (
+              INSERT INTO tuple_changes (store_id, revision, seq, operation, object, relation,
+                                         subject)
+              SELECT $1, $2, c.seq, 'delete', c.object, c.relation, c.subject
+              FROM unnest($3::text[], $4::text[], $5::text[])
+                   WITH ORDINALITY AS c(object, relation, subject, seq)
+            ), moved AS (
+              UPDATE stores SET revision = $2, updated_at = now() WHERE id = $1
+            )
+            SELECT now() FROM (SELECT pg_notify($6, $7)) AS notified""",
+        store_id, revision, [d[0] for d in deletes], [d[1] for d in deletes],
+        [d[2] for d in deletes], changes.CHANNEL, changes.payload(store_id, revision))
+    return logged
 
 
 PURGE_WRITES: Final = """

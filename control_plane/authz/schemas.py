@@ -116,6 +116,21 @@ class Written:
 
 
 @dataclass(frozen=True, slots=True)
+class Forgotten:
+    """What forgetting a subject did in one store (``service.forget_subject_in``): the
+    ``revision`` that deleted its tuples, how many tuples it ``deleted``, how many rows of the
+    change log below it were ``redacted``, and ``times``, the distinct ``created_at`` of the
+    redacted rows' revisions and of ``revision`` (each revision's ``authz.tuples.written`` event
+    has its time: one transaction)."""
+
+    store_id: str
+    revision: int
+    deleted: int
+    redacted: int
+    times: list[datetime]
+
+
+@dataclass(frozen=True, slots=True)
 class StoredTuple:
     """A tuple of the store, with the revision that wrote it."""
 

@@ -16,6 +16,10 @@ the log), both in the change's own transaction. The event holds the revision, th
 first ``AUDITED_CHANGES`` changes; the revision's full list is in ``tuple_changes``. A write that
 changes nothing, and a replayed one, record none.
 
+A data-subject deletion forgets a subject (``forget_subject_in``: every tuple naming it goes from
+every store of the project, and the change log keeps no earlier row naming it); see its
+docstring for how the engines that follow the log stay exact.
+
 Every write has a key, the client's ``Idempotency-Key`` or one made up for the request, and its
 outcome is recorded under that key in its own transaction (``tuple_writes``; for a write that
 changed nothing only when the client gave a key). Under the store row lock, a key already
@@ -42,7 +46,14 @@ from common.errors import DbUnavailable, IdempotencyKeyReused, StoreNotFound
 from common.ids import is_id
 from control_plane.audit import service as audit
 from control_plane.authz import repository
-from control_plane.authz.schemas import Store, StoredTuple, TuplesQuery, WriteBody, Written
+from control_plane.authz.schemas import (
+    Forgotten,
+    Store,
+    StoredTuple,
+    TuplesQuery,
+    WriteBody,
+    Written,
+)
 from control_plane.web.actor import Actor
 from control_plane.web.pagination import Listing, Page, page_of, position
 
@@ -209,6 +220,76 @@ class _Write:
                       "deleted": outcome.deleted, "changes": listed,
                       "changes_truncated": len(applied) > AUDITED_CHANGES,
                       **({"idempotency_key": self.key} if self.keyed else {})})
+
+
+REDACTED_ID: Final = "[deleted]"
+"""What a forgotten subject's id reads as in the change log (``user:[deleted]``): ``[`` and ``]``
+are in no valid id (``common.tuples``), so no tuple written through the API can be it."""
+
+
+def _redacted(subject: str, value: str) -> str:
+    """``value`` (an object or a user) with ``subject`` (``type:id``) as ``type:[deleted]``."""
+    if value == subject or value.startswith(subject + "#"):
+        return subject.partition(":")[0] + ":" + REDACTED_ID + value[len(subject):]
+    return value
+
+
+async def forget_subject_in(conn: asyncpg.Connection, actor: Actor, *,
+                            subject: str) -> list[Forgotten]:
+    """Forget ``subject`` (``type:id``, e.g. ``user:user_...``) in every store of the actor's
+    project, in the caller's transaction (a data-subject deletion): the tuples naming it (as
+    their object, their user, or their userset user's object ``type:id#relation``) are deleted,
+    and the rows of the change log that named it are redacted (``type:[deleted]``). Returns
+    what was done in each store that named it, in store id order.
+
+    The engines load a store from the ``tuples`` table and then follow the log above the
+    revision they loaded (``engine.registry``), so an engine may still have to read any row
+    above its cursor, redacted or not. Hence, per store, under its row lock, one new revision
+    (``authz.tuples.written``, by ``actor``; ``deleted`` counts the tuples deleted) that deletes:
+
+    * every key naming ``subject`` that is in the table, or anywhere in the log: an engine
+      behind a redacted delete still drops the key it holds (these rows name the subject: they
+      are the deletion itself, and an engine that has not read them yet needs them);
+    * every redacted key: what an engine replaying redacted writes added is dropped too (no
+      tuple written through the API is one).
+
+    Any engine, whatever its cursor, then holds none of them at this revision. The log is read
+    before the lock (its rows up to the revision then current), and only the rest under it."""
+    project_id = actor.project_id
+    assert project_id is not None
+    done = []
+    for store_id, head in await repository.project_stores(conn, project_id):
+        rows = await repository.naming_changes(conn, store_id, subject, after=-1, upto=head)
+        current = await repository.lock_store(conn, project_id, store_id)
+        if current is None:
+            continue  # deleted meanwhile
+        if current > head:
+            rows += await repository.naming_changes(conn, store_id, subject, after=head,
+                                                    upto=current)
+        logged = list(dict.fromkeys((r["object"], r["relation"], r["subject"]) for r in rows))
+        deleted = await repository.delete_naming(conn, store_id, subject, logged)
+        if not rows and not deleted:
+            continue
+        present = [(r["object"], r["relation"], r["subject"]) for r in deleted]
+        phantoms = [(_redacted(subject, o), rel, _redacted(subject, u)) for o, rel, u in logged]
+        revision = current + 1
+        await repository.redact_changes(conn, store_id, [
+            (r["revision"], r["seq"], _redacted(subject, r["object"]),
+             _redacted(subject, r["subject"])) for r in rows])
+        at = await repository.record_deletes(conn, store_id, revision,
+                                             list(dict.fromkeys([*present, *logged, *phantoms])))
+        listed = [{"operation": "delete", "object": o, "relation": rel, "user": u}
+                  for o, rel, u in present[:AUDITED_CHANGES]]
+        await audit.record(
+            conn, actor, action="authz.tuples.written", target_type="store", target_id=store_id,
+            description=(f"Wrote 0 and deleted {len(present)} tuple(s) at revision {revision} "
+                         "(a data-subject deletion)"),
+            metadata={"revision": revision, "written": 0, "deleted": len(present),
+                      "changes": listed, "changes_truncated": len(present) > AUDITED_CHANGES,
+                      "redacted_changes": len(rows)})
+        times = {r["created_at"] for r in rows} | {at}
+        done.append(Forgotten(store_id, revision, len(present), len(rows), sorted(times)))
+    return done
 
 
 async def purge_writes(pool: asyncpg.Pool) -> int:

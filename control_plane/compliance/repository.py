@@ -257,6 +257,15 @@ FROM unnest({p([k[0] for k in keys])}::timestamptz[], {p([k[1] for k in keys])}:
 WHERE e.created_at = batch.created_at AND e.id = batch.id AND e.project_id = {p(project_id)}"""
 
 
+TUPLE_EVENTS: Final = """
+SELECT e.created_at, e.id FROM audit_events e
+WHERE e.project_id = $1 AND e.created_at = ANY($2::timestamptz[]) AND e.target_id = ANY($3::text[])
+  AND e.action = 'authz.tuples.written' AND strpos(e.metadata::text, $4) > 0"""
+"""The ``authz.tuples.written`` events of the stores ``$3`` written at the times ``$2`` (a
+revision's event has its transaction's time, as its change-log rows) that name ``$4`` (the
+user's id) in their metadata: found by the project's time index."""
+
+
 def by_user(p: Params, user_id: str) -> str:
     return f"e.user_id = {p(user_id)}"
 

@@ -7,15 +7,23 @@
   - **Deletion.** One transaction hard-deletes every row that names the user or its contacts
     (``repository.DELETIONS``: the user, its identities, passkeys, sessions and refresh tokens,
     step-up and WebAuthn challenges, recovery requests, SCIM directory records and group
-    memberships, memberships, invitations to the address, magic links and
-    messages to it, pending webhook deliveries of events about it, its known devices and last
-    locations). Its live sessions are revoked first through the revocation outbox, so the edge
-    answers ``revoked`` at once. The request is then ``in_progress`` while the history (audit
-    events, risk decisions) is anonymized in batches of :data:`BATCH` rows, each batch its own
-    transaction with its progress, so audit writes are never held up for long. A process that
-    dies mid-way leaves its lease (:data:`LEASE`) to lapse, and the workers (``tasks``) resume
-    the batches; scrubbing twice changes nothing. The last batch is followed by
-    ``dsr.fulfilled``, which names no one.
+    memberships, memberships, invitations to the address, magic links and messages to it,
+    pending webhook deliveries of events about it, its known devices and last locations). Its
+    live sessions are revoked first through the revocation outbox, so the edge answers
+    ``revoked`` at once. In the same transaction every tuple naming ``user:<id>`` (its directory
+    groups' among them) goes from every store of the project, through each store's change log
+    (``authz.forget_subject_in``: a revision that deletes them, so the engines stop granting;
+    the log's earlier rows naming it are redacted to ``user:[deleted]``, counted as
+    ``anonymized.tuple_changes``), and the ``authz.tuples.written`` events of those revisions
+    are anonymized there and then (``deleted.tuples`` counts the tuples; the events count in
+    ``anonymized.audit_events``). The deleting revision's own change-log rows keep naming
+    ``user:<id>`` (the opaque id, never the address): an engine that has not read them yet needs
+    them to drop the tuples, like the request's record keeps the id. The request is then
+    ``in_progress`` while the history (audit events, risk decisions) is anonymized in batches of
+    :data:`BATCH` rows, each batch its own transaction with its progress, so audit writes are
+    never held up for long. A process that dies mid-way leaves its lease (:data:`LEASE`) to
+    lapse, and the workers (``tasks``) resume the batches; scrubbing twice changes nothing. The
+    last batch is followed by ``dsr.fulfilled``, which names no one.
   - **Export.** The JSON document of what the project holds about the user (its row,
     identities, passkeys' public parts, memberships, sessions, audit events, risk decisions,
     step-up challenges, recovery requests, SCIM directory records and directory groups; never
@@ -62,6 +70,8 @@ from common.db import Params
 from common.errors import InvalidRequest, NotFound
 from common.ids import is_id, new_id
 from control_plane.audit import service as audit
+from control_plane.authz import service as authz
+from control_plane.authz.schemas import Forgotten
 from control_plane.compliance import repository
 from control_plane.compliance.schemas import (
     LATER_THAN_STARTS,
@@ -172,7 +182,7 @@ async def fulfil(pool: asyncpg.Pool, actor: Actor, dsr_id: str, body: FulfilBody
         if body.output_artifact_url is not None:
             raise InvalidRequest.field("output_artifact_url", "is only taken by an export")
         if row["status"] == "pending":
-            ours = await _delete(conn, row)
+            ours = await _delete(conn, actor, row)
     if ours is None:  # in progress: resumed here if the process at it died
         ours = await repository.take_lease(pool, dsr_id, LEASE)
     if ours is None:
@@ -180,7 +190,7 @@ async def fulfil(pool: asyncpg.Pool, actor: Actor, dsr_id: str, body: FulfilBody
     return _answer(await anonymize(pool, actor, ours))
 
 
-async def _delete(conn: asyncpg.Connection, row: asyncpg.Record) -> asyncpg.Record:
+async def _delete(conn: asyncpg.Connection, actor: Actor, row: asyncpg.Record) -> asyncpg.Record:
     """The deletion's transaction (module docstring); the request is then ``in_progress``, its
     lease this process's."""
     project_id, email = row["project_id"], row["user_email"]
@@ -192,10 +202,37 @@ async def _delete(conn: asyncpg.Connection, row: asyncpg.Record) -> asyncpg.Reco
     deleted = await repository.delete_subject(
         conn, project_id=project_id, user_id=user_id, email=email,
         phone=user["phone_number"] if user is not None else None)
+    anonymized = dict.fromkeys(HISTORY, 0)
+    if user_id is not None:
+        # After the rows above (memberships, directory groups): a SCIM change holding one of
+        # them waits for this transaction, not the other way round (the stores are locked last).
+        forgotten = await authz.forget_subject_in(conn, actor, subject=f"user:{user_id}")
+        deleted["tuples"] = sum(f.deleted for f in forgotten)
+        anonymized["tuple_changes"] = sum(f.redacted for f in forgotten)
+        anonymized["audit_events"] = await _scrub_tuple_events(conn, project_id, user_id, email,
+                                                               forgotten)
     result = {"user_found": user_id is not None, "sessions_revoked": revoked, "deleted": deleted,
-              "anonymized": dict.fromkeys(HISTORY, 0)}
+              "anonymized": anonymized}
     return await repository.start_deletion(conn, row["id"], user_id=user_id, result=result,
                                            lease=LEASE)
+
+
+async def _scrub_tuple_events(conn: asyncpg.Connection, project_id: str, user_id: str, email: str,
+                              forgotten: list[Forgotten]) -> int:
+    """Anonymize, in the deletion's transaction, the ``authz.tuples.written`` events of the
+    revisions whose change-log rows named the user (now redacted) and of the revisions that
+    deleted its tuples: they list tuples naming it in their metadata, and nothing else leads to
+    them afterwards (they carry no ``user_id``; each has its revision's time). How many."""
+    if not forgotten:
+        return 0
+    keys = [(r["created_at"], r["id"]) for r in await conn.fetch(
+        repository.TUPLE_EVENTS, project_id, sorted({t for f in forgotten for t in f.times}),
+        [f.store_id for f in forgotten], user_id)]
+    if keys:
+        p = Params()
+        await conn.execute(repository.anonymize_events(
+            p, project_id=project_id, user_id=user_id, email=email, keys=keys), *p.values)
+    return len(keys)
 
 
 async def anonymize(pool: asyncpg.Pool, actor: Actor, row: asyncpg.Record) -> asyncpg.Record:

@@ -3,14 +3,19 @@
 The user is seeded through the paths that write data about a user: two magic-link sign-ins and
 a passkey sign-in (sessions, refresh tokens, risk decisions, known devices and last locations,
 messages and links, audit events), a passkey, a membership, a directory's SCIM record of it and
-a directory group it is in, an invitation to its address from another organization, and
+a directory group it is in (whose token names a store: the group's tuple grants a document), tuples
+naming it in two stores (as a tuple's user, a userset's object, a tuple's object, and one written
+and deleted again), an invitation to its address from another organization, and
 webhook deliveries of its events that stay pending (the receiver fails and
 the retry comes after ten minutes). After the deletion, SQL over every column of every table
 that can hold text (walked from the catalog, so a table added later is covered) finds neither
 the user's id nor its address, except in the request's own record; the audit export and the
 webhook deliveries made afterwards name neither (an export of the same seed, before, holds it
 all and no secret); the edge refuses the user's session as
-revoked; and the address registers again as a new user. An audit stream that kept failing with
+revoked; and the address registers again as a new user. The engine no longer grants what the
+user's tuples granted, no tuple names it, the stores' change logs name it only in the rows of
+the revision that deleted its tuples, and an engine that had loaded a store at any earlier
+revision, following the log as it now is, ends with exactly the store's tuples. An audit stream that kept failing with
 the user's events in its batch sends that batch anonymized afterwards.
 """
 
@@ -23,11 +28,39 @@ import asyncpg
 from tests.compliance.helpers import naming, receiver
 from tests.fixtures.database import events
 from tests.fixtures.identity import add_member, email, make_org, session_call, sign_in
-from tests.fixtures.service import Project, eventually
+from tests.fixtures.service import Api, Project, eventually
 from tests.fixtures.webauthn import SoftAuthenticator
 from tests.scim.helpers import GROUP, directory, user_body
 
 RP_ID, ORIGIN = "localhost", "http://localhost:8443"
+Key = tuple[str, str, str]
+
+
+async def _allowed(api: Api, store: str, object_: str, user: str) -> bool:
+    """The engine's answer to ``object_#viewer@user``, at the store's latest revision."""
+    revision = (await api.get(f"/v1/stores/{store}")).body["revision"]
+    r = await api.post(f"/v1/stores/{store}/check", {
+        "tuple_key": {"object": object_, "relation": "viewer", "user": user},
+        "consistency": {"at_least_revision": revision}})
+    assert r.status == 200, r.body
+    return bool(r.body["allowed"])
+
+
+async def _log(db: asyncpg.Pool, store: str) -> list[tuple[int, str, Key]]:
+    """The store's change log: ``(revision, operation, (object, relation, user))`` in order."""
+    return [(r["revision"], r["operation"], (r["object"], r["relation"], r["subject"]))
+            for r in await db.fetch("SELECT * FROM tuple_changes WHERE store_id = $1 "
+                                    "ORDER BY revision, seq", store)]
+
+
+def _follow(state: set[Key], log: list[tuple[int, str, Key]], after: int) -> set[Key]:
+    """What an engine holding ``state`` at revision ``after`` holds once it has applied ``log``'s
+    rows above it (``engine.registry``'s catch-up: a write adds, a delete removes)."""
+    state = set(state)
+    for revision, operation, key in log:
+        if revision > after:
+            (state.add if operation == "write" else state.discard)(key)
+    return state
 
 
 async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: asyncpg.Pool) -> None:
@@ -63,13 +96,37 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
         assert third.status == 200, third.body
         org, other = await make_org(cproject), await make_org(cproject)
         await add_member(cproject, org["id"], user_id)
-        # An organization's directory provisions the user over SCIM and puts it in a group.
-        synced = await directory(cproject)
+        # An organization's directory provisions the user over SCIM and puts it in a group; its
+        # token names a store, where the group's members are tuples.
+        stores = [(await cproject.api.post("/v1/stores", {"name": name})).body["id"]
+                  for name in ("directory", "documents")]
+        synced = await directory(cproject, store_id=stores[0])
         provisioned = await synced.post("/Users", user_body(address, externalId="ext-dsr"))
         assert provisioned.status == 201 and provisioned.body["id"] == user_id, provisioned.body
         group = await synced.post("/Groups", {"schemas": [GROUP], "displayName": "Finance",
                                               "members": [{"value": user_id}]})
         assert group.status == 201, group.body
+        me = f"user:{user_id}"
+        writes: list[tuple[int, str, list[dict[str, str]]]] = [
+            (0, "writes", [{"object": "document:plan", "relation": "viewer",
+                            "user": f"group:{group.body['id']}#member"},
+                           {"object": "document:secret", "relation": "viewer", "user": me},
+                           {"object": "team:core", "relation": "member", "user": f"{me}#friend"},
+                           {"object": me, "relation": "manager", "user": "user:bystander"},
+                           {"object": "document:plan", "relation": "viewer",
+                            "user": "user:bystander"}]),
+            (1, "writes", [{"object": "document:old", "relation": "viewer", "user": me},
+                           {"object": "document:kept", "relation": "viewer", "user": me}]),
+            (1, "deletes", [{"object": "document:old", "relation": "viewer", "user": me}]),
+            (1, "writes", [{"object": "document:kept", "relation": "viewer",
+                            "user": "user:bystander"}])]
+        for index, kind, items in writes:
+            r = await cproject.api.post(f"/v1/stores/{stores[index]}/write", {kind: items})
+            assert r.status == 200, r.body
+        assert await _allowed(cproject.api, stores[0], "document:plan", me)  # through the group
+        assert await _allowed(cproject.api, stores[0], "document:secret", me)
+        assert await _allowed(cproject.api, stores[1], "document:kept", me)
+        logs_before = [await _log(cdb, s) for s in stores]
         invited = await cproject.api.post(f"/v1/organizations/{other['id']}/invitations",
                                           {"email": address})
         assert invited.status == 201, invited.body
@@ -140,8 +197,39 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
         seen = len(received)
 
         # Nothing names the user: not a row, not the export, not a delivery made since.
-        assert await naming(cdb, [user_id, address]) == ["dsr_requests.user_email",
-                                                          "dsr_requests.user_id"]
+        assert sorted(await naming(cdb, [user_id, address])) == [
+            "dsr_requests.user_email", "dsr_requests.user_id", "tuple_changes.object",
+            "tuple_changes.subject"]
+        # The engine no longer grants what the user's tuples did; the bystander's stay.
+        assert not await _allowed(cproject.api, stores[0], "document:plan", me)
+        assert not await _allowed(cproject.api, stores[0], "document:secret", me)
+        assert not await _allowed(cproject.api, stores[1], "document:kept", me)
+        assert await _allowed(cproject.api, stores[0], "document:plan", "user:bystander")
+        assert await _allowed(cproject.api, stores[1], "document:kept", "user:bystander")
+        tables: list[set[Key]] = []
+        for store in stores:
+            listed = await cproject.api.get(f"/v1/stores/{store}/tuples?limit=1000")
+            tables.append({(t["object"], t["relation"], t["user"]) for t in listed.body["data"]})
+            assert user_id not in str(listed.body), listed.body
+        assert tables == [{("document:plan", "viewer", "user:bystander"),
+                           ("document:plan", "viewer", f"group:{group.body['id']}#member")},
+                          {("document:kept", "viewer", "user:bystander")}]
+        assert deleted["tuples"] == 5
+        # The change logs: the earlier rows redacted, the user named only by the last revision's
+        # deletes; an engine that loaded a store at any earlier revision, and follows the log as
+        # it is now, ends with the store's tuples (nothing of the user, no redacted leftover).
+        for store, before_log, table in zip(stores, logs_before, tables, strict=True):
+            after_log = await _log(cdb, store)
+            head = after_log[-1][0]
+            naming_rows = [row for row in after_log if user_id in str(row[2])]
+            assert naming_rows and all(rev == head and op == "delete" for rev, op, _ in naming_rows)
+            redacted = [row for row in after_log if "[deleted]" in str(row[2]) and row[0] < head]
+            assert len(redacted) == len([row for row in before_log if user_id in str(row[2])])
+            for cursor in range(head):
+                loaded = _follow(set(), [row for row in before_log if row[0] <= cursor], -1)
+                assert _follow(loaded, after_log, cursor) == table, (store, cursor)
+        assert body["anonymized"]["tuple_changes"] == sum(
+            len([row for row in log if user_id in str(row[2])]) for log in logs_before)
         export = await cproject.api.get("/v1/audit/events.jsonl")
         assert export.status == 200
         assert user_id not in export.raw.decode() and address not in export.raw.decode().lower()
