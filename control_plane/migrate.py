@@ -11,12 +11,20 @@ _HERE = Path(__file__).resolve().parent
 
 
 def alembic_config(database_url: str) -> Config:
-    """An alembic Config for ``database_url`` (``postgresql://`` is mapped to asyncpg)."""
+    """An alembic Config for ``database_url`` (``postgresql://`` is mapped to asyncpg).
+
+    The connections are opened by asyncpg from ``database_url`` itself (``attributes["dsn"]``,
+    read by ``migrations/env.py``), as the service's pool opens them: libpq's parameters in its
+    query (``sslmode=verify-full``, ``sslrootcert``, ``sslcert``, ``sslkey``, ...) mean the same
+    to ``authio migrate`` as to ``authio serve``. SQLAlchemy's asyncpg dialect would hand them to
+    ``asyncpg.connect`` as keyword arguments it does not take (``sslmode``), so the URL it is
+    given serves only to choose the dialect."""
     url = database_url.replace("postgres://", "postgresql://", 1)
     url = url.replace("postgresql://", "postgresql+asyncpg://", 1)
     cfg = Config()
     cfg.set_main_option("script_location", str(_HERE / "migrations"))
-    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.set_main_option("sqlalchemy.url", url.partition("?")[0].replace("%", "%%"))
+    cfg.attributes["dsn"] = database_url
     return cfg
 
 

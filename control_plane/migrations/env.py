@@ -1,6 +1,8 @@
 """Alembic environment: runs migrations over SQLAlchemy's asyncpg driver.
 
-The URL comes from the ``sqlalchemy.url`` option set by ``control_plane.migrate``. Migrations are
+The URL comes from the ``sqlalchemy.url`` option set by ``control_plane.migrate``, and the
+connections from ``asyncpg.connect`` of the service's own ``DATABASE_URL`` (``attributes["dsn"]``)
+so that its TLS parameters (``sslmode``, ``sslrootcert``, ...) hold here too. Migrations are
 plain SQL (``op.execute``); there are no ORM models.
 """
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import asyncpg
 from alembic import context
 from sqlalchemy import pool
 from sqlalchemy.engine import Connection
@@ -23,9 +26,11 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
+    dsn = config.attributes.get("dsn")  # control_plane.migrate: asyncpg reads the URL whole
+    creator = {"async_creator": lambda: asyncpg.connect(dsn)} if dsn else {}
     engine = async_engine_from_config(
         config.get_section(config.config_ini_section, {}), prefix="sqlalchemy.",
-        poolclass=pool.NullPool,
+        poolclass=pool.NullPool, **creator,
     )
     async with engine.connect() as connection:
         await connection.run_sync(_run)
