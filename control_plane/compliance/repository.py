@@ -338,6 +338,15 @@ FROM scim_users WHERE user_id = {user} ORDER BY organization_id"""),
 SELECT g.organization_id, g.id AS group_id, g.display_name, m.display
 FROM scim_group_members m JOIN scim_groups g ON g.id = m.group_id
 WHERE m.user_id = {user} ORDER BY g.organization_id, g.id"""),
+    # What a deletion forgets (authz.forget_subject_in): the tuples naming user:<id> as their
+    # user, their userset user's object, or their object. Reads the project's stores' tuples.
+    ("tuples", """
+SELECT t.store_id, t.object, t.relation, t.subject AS "user", t.created_at
+FROM stores s JOIN tuples t ON t.store_id = s.id
+WHERE s.project_id = {project}
+  AND (t.subject = 'user:' || {user} OR t.object = 'user:' || {user}
+       OR starts_with(t.subject, 'user:' || {user} || '#'))
+ORDER BY t.store_id, t.object, t.relation, t.subject"""),
 )
 """What an export gathers besides the user row and the audit events (statements over the named
 values ``{user}``, ``{project}``):

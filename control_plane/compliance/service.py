@@ -26,9 +26,10 @@
     last batch is followed by ``dsr.fulfilled``, which names no one.
   - **Export.** The JSON document of what the project holds about the user (its row,
     identities, passkeys' public parts, memberships, sessions, audit events, risk decisions,
-    step-up challenges, recovery requests, SCIM directory records and directory groups; never
-    a token hash or secret), answered with its SHA-256 and stored
-    with ``output_artifact_url``, which the call must give.
+    step-up challenges, recovery requests, SCIM directory records and directory groups, the
+    tuples naming ``user:<id>`` in the project's stores; never a token hash or secret),
+    answered with its SHA-256 and stored with ``output_artifact_url``, which the call must
+    give.
 
 Anonymized means (SPEC.md 4 rule 2): ``user_id`` null, metadata ``user_email`` ``[deleted]``;
 beyond the rule, the e-mail and the user's id are removed wherever else they appear (any

@@ -169,6 +169,10 @@ async def test_nothing_names_the_user_after_a_deletion(cproject: Project, cdb: a
                 for d in document["directory_users"]] == [(synced.org_id, address, "ext-dsr")]
         assert [(g["group_id"], g["display_name"]) for g in document["directory_groups"]] == \
             [(group.body["id"], "Finance")]
+        assert sorted((t["store_id"], t["object"], t["user"]) for t in document["tuples"]) == \
+            sorted([(stores[0], f"group:{group.body['id']}", me), (stores[0], "document:secret", me),
+                    (stores[0], "team:core", f"{me}#friend"), (stores[0], me, "user:bystander"),
+                    (stores[1], "document:kept", me)])
         assert {"user.created", "auth.signin_attempt", "membership.created"} <= \
             {e["action"] for e in document["audit_events"]}
         text = str(document)
