@@ -1,16 +1,54 @@
-"""Locust entry point: only imports the scenarios from bench/scenarios/.
+"""Locust entry point: the scenarios of bench/scenarios/, one module per hot path.
 
-    AUTHIO_API_KEY=... AUTHIO_DATASET=bench/data/medium \
-        locust -f bench/locustfile.py --headless -u 10 -r 10 -t 30s --host http://127.0.0.1:8080
+    .venv/bin/python bench/locust_setup.py --host http://127.0.0.1:8080 --bootstrap-token TOKEN
+    .venv/bin/locust -f bench/locustfile.py --headless -u 50 -r 10 -t 60s \\
+        --host http://127.0.0.1:8080 --tags mixed --html bench/results/mixed.html \\
+        --csv bench/results/mixed
 
-Pick one scenario by naming its class, e.g. ``... -f bench/locustfile.py SingleCheckUser``.
+| class | module | tags |
+|---|---|---|
+| ``SingleCheckUser``, ``BatchCheckUser`` | ``scenarios.checks`` | ``single-check``, ``batch-check``, ``checks`` |
+| ``ForwardAuthUser`` | ``scenarios.edge`` | ``edge`` |
+| ``MagicLinkUser`` | ``scenarios.signin`` | ``magic-link``, ``refresh``, ``signin`` |
+| ``PasskeyUser`` | ``scenarios.passkeys`` | ``passkey`` |
+| ``AuditUser`` | ``scenarios.audit`` | ``audit-list``, ``audit-export``, ``audit`` |
+| ``WebhookFanoutUser`` | ``scenarios.webhooks`` | ``webhooks`` |
+| ``MixedApplication`` | ``scenarios.mixed`` | ``mixed`` |
+
+Pick scenarios with ``--tags`` (or by naming classes after the options). A class none of whose
+tasks carries a chosen tag is left out of the run altogether (locust 2.47 would still start its
+users, each failing with "No tasks defined"). Without ``--tags`` every class runs, by its weight.
+Settings: ``scenarios.common`` and each module's docstring; bench/README.md, section 8.
 """
 
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from locust import events
+from scenarios.audit import AuditUser
 from scenarios.checks import BatchCheckUser, SingleCheckUser
+from scenarios.edge import ForwardAuthUser
+from scenarios.mixed import MixedApplication
+from scenarios.passkeys import PasskeyUser
+from scenarios.signin import MagicLinkUser
+from scenarios.webhooks import WebhookFanoutUser
 
-__all__ = ["BatchCheckUser", "SingleCheckUser"]
+__all__ = ["AuditUser", "BatchCheckUser", "ForwardAuthUser", "MagicLinkUser", "MixedApplication",
+           "PasskeyUser", "SingleCheckUser", "WebhookFanoutUser"]
+
+
+@events.init.add_listener
+def _drop_untagged_classes(environment: Any, **_: Any) -> None:
+    """With ``--tags``/``--exclude-tags``, keep only the classes that still have a task."""
+    options = environment.parsed_options
+    if options is None or not (getattr(options, "tags", None)
+                               or getattr(options, "exclude_tags", None)):
+        return
+    environment._filter_tasks_by_tags()  # what the runner does at start; done once
+    kept = [cls for cls in environment.user_classes if cls.tasks]
+    if not kept:
+        raise SystemExit(f"no scenario has a task tagged {options.tags}")
+    environment.user_classes[:] = kept

@@ -4,11 +4,13 @@ Each simulated user is a closed loop (no think time unless ``AUTHIO_THINK_TIME``
 through the dataset's ``checks.jsonl`` from a random offset, and marks a request failed
 when the service's ``allowed`` differs from the dataset's expectation.
 
-Configuration (environment): ``AUTHIO_API_KEY``, ``AUTHIO_DATASET`` (default
-``bench/data/medium``, relative to the repository if not found from the working
-directory), ``AUTHIO_STORE_ID`` (default: the dataset's ``store.json``, whose
-``base_url`` is also the default host), ``AUTHIO_BATCH_SIZE`` (100), ``AUTHIO_VERIFY``
-(1), ``AUTHIO_THINK_TIME`` (0 seconds).
+Configuration (environment, else the set-up's state file, see ``scenarios.common``):
+``AUTHIO_API_KEY``, ``AUTHIO_DATASET`` (default: the state's ``dataset``, else
+``bench/data/medium``, relative to the repository if not found from the working directory),
+``AUTHIO_STORE_ID`` (default: the state's ``store_id``, else the dataset's ``store.json``,
+whose ``base_url`` is also the default host), ``AUTHIO_BATCH_SIZE`` (100), ``AUTHIO_VERIFY``
+(1), ``AUTHIO_THINK_TIME`` (0 seconds) or ``AUTHIO_TASK_RATE``. Tags: ``single-check``,
+``batch-check``, ``checks`` (both).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from locust import FastHttpUser, constant, task
+from locust import FastHttpUser, tag, task
+from locust.contrib.fasthttp import FastHttpSession
+
+from scenarios import common
 
 BENCH_DIR = Path(__file__).resolve().parents[1]
 REPO_DIR = BENCH_DIR.parent
@@ -29,7 +34,7 @@ log = logging.getLogger("authio.bench")
 
 
 def dataset_dir() -> Path:
-    raw = Path(os.environ.get("AUTHIO_DATASET", "bench/data/medium"))
+    raw = Path(common.setting("AUTHIO_DATASET", "dataset", "bench/data/medium"))
     if raw.is_absolute() or raw.exists():
         return raw
     return REPO_DIR / raw  # relative to the repository, whatever the working directory
@@ -44,7 +49,7 @@ def store_info() -> dict[str, Any]:
 
 
 def store_id() -> str:
-    sid = os.environ.get("AUTHIO_STORE_ID") or store_info().get("store_id")
+    sid = common.setting("AUTHIO_STORE_ID", "store_id") or store_info().get("store_id")
     if not sid:
         log.warning("no AUTHIO_STORE_ID and no %s/store.json: using 'store_bench'",
                     dataset_dir())
@@ -53,23 +58,12 @@ def store_id() -> str:
 
 
 def default_host() -> str | None:
-    host = store_info().get("base_url")
+    host = common.default_host() or store_info().get("base_url")
     return str(host) if host else None
-
-
-def api_key() -> str:
-    key = os.environ.get("AUTHIO_API_KEY", "")
-    if not key:
-        log.warning("AUTHIO_API_KEY is not set: requests will be unauthenticated")
-    return key
 
 
 def verify() -> bool:
     return os.environ.get("AUTHIO_VERIFY", "1").lower() not in ("0", "false", "no")
-
-
-def think_time() -> float:
-    return float(os.environ.get("AUTHIO_THINK_TIME", "0"))
 
 
 def batch_size() -> int:
@@ -99,34 +93,29 @@ def checks() -> tuple[list[bytes], list[bool], list[dict[str, str]]]:
 
 
 def headers() -> dict[str, str]:
-    return {"Authorization": f"Bearer {api_key()}", "Content-Type": "application/json"}
+    return common.key_headers()
 
 
-class _CheckUserBase(FastHttpUser):
-    abstract = True
-    host = default_host()
-    wait_time = constant(think_time())
+class CheckFlow:
+    """Single and batch checks of one simulated user, cycling through the dataset's checks from
+    a random offset."""
 
-    def on_start(self) -> None:
+    def __init__(self, client: FastHttpSession) -> None:
+        self.client = client
         self.bodies, self.expected, self.keys = checks()
         self.pos = random.randrange(len(self.bodies))
         self.headers = headers()
         self.base_path = f"/v1/stores/{store_id()}"
         self.verify = verify()
+        self.batch_size = batch_size()
 
     def _next(self) -> int:
         i = self.pos
         self.pos = (i + 1) % len(self.bodies)
         return i
 
-
-class SingleCheckUser(_CheckUserBase):
-    """POST /v1/stores/{id}/check, one tuple per request."""
-
-    weight = 3
-
-    @task
     def check(self) -> None:
+        """POST /v1/stores/{id}/check, one tuple."""
         i = self._next()
         with self.client.post(f"{self.base_path}/check", data=self.bodies[i],
                               headers=self.headers, name="POST /v1/stores/[id]/check",
@@ -140,18 +129,8 @@ class SingleCheckUser(_CheckUserBase):
                     resp.failure(f"allowed={doc.get('allowed')} expected {self.expected[i]} "
                                  f"for {self.keys[i]}")
 
-
-class BatchCheckUser(_CheckUserBase):
-    """POST /v1/stores/{id}/batch-check with ``AUTHIO_BATCH_SIZE`` (100) checks."""
-
-    weight = 1
-
-    def on_start(self) -> None:
-        super().on_start()
-        self.batch_size = batch_size()
-
-    @task
     def batch_check(self) -> None:
+        """POST /v1/stores/{id}/batch-check with ``AUTHIO_BATCH_SIZE`` checks."""
         idx = [self._next() for _ in range(self.batch_size)]
         body = orjson.dumps({"checks": [{"tuple_key": self.keys[i]} for i in idx]})
         with self.client.post(f"{self.base_path}/batch-check", data=body,
@@ -172,3 +151,35 @@ class BatchCheckUser(_CheckUserBase):
                             if "error" not in r and r.get("allowed") != self.expected[i])
             if errors or wrong:
                 resp.failure(f"{errors} item errors, {wrong} wrong answers")
+
+
+class SingleCheckUser(FastHttpUser):
+    """POST /v1/stores/{id}/check, one tuple per request."""
+
+    weight = 3
+    host = default_host()
+    wait_time = common.wait_time()
+
+    def on_start(self) -> None:
+        self.flow = CheckFlow(self.client)
+
+    @tag("single-check", "checks")
+    @task
+    def check(self) -> None:
+        self.flow.check()
+
+
+class BatchCheckUser(FastHttpUser):
+    """POST /v1/stores/{id}/batch-check with ``AUTHIO_BATCH_SIZE`` (100) checks."""
+
+    weight = 1
+    host = default_host()
+    wait_time = common.wait_time()
+
+    def on_start(self) -> None:
+        self.flow = CheckFlow(self.client)
+
+    @tag("batch-check", "checks")
+    @task
+    def batch_check(self) -> None:
+        self.flow.batch_check()
