@@ -3,6 +3,7 @@ hook), clients built with it, and a signed-in user."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,12 +48,14 @@ FAST_RETRY = RetryPolicy(attempts=6, total_seconds=20.0, backoff=0.05, max_backo
 
 
 def async_client(base_url: str, key: str | None, sent: Sent, **kw: Any) -> AsyncAuthioClient:
-    hooks = {"request": [sent.a_request], "response": [sent.a_response]}
+    hooks: dict[str, list[Callable[..., Any]]] = {"request": [sent.a_request],
+                                                  "response": [sent.a_response]}
     return AsyncAuthioClient(base_url, key, event_hooks=hooks, retry=kw.pop("retry", FAST_RETRY), **kw)
 
 
 def sync_client(base_url: str, key: str | None, sent: Sent, **kw: Any) -> AuthioClient:
-    hooks = {"request": [sent.on_request], "response": [sent.on_response]}
+    hooks: dict[str, list[Callable[..., Any]]] = {"request": [sent.on_request],
+                                                  "response": [sent.on_response]}
     return AuthioClient(base_url, key, event_hooks=hooks, retry=kw.pop("retry", FAST_RETRY), **kw)
 
 
