@@ -72,10 +72,11 @@ async def get_dsr(call: Call) -> web.Response:
                    Reply(202, "A deletion another process is finishing: how far it is.",
                          Fulfilment)])
 async def post_dsr_fulfill(call: Call, body: FulfilBody) -> web.Response:
-    """Fulfil a data-subject request, once: a deletion removes the user's rows at once and
-    anonymizes its history (audit events, risk decisions); an export answers the JSON document
-    of everything held about the user and records it for ``output_artifact_url``. Calling it
-    again answers the first result."""
+    """Fulfil a data-subject request, once: a deletion removes the user's rows and the tuples
+    naming it in every store (the engine stops granting them) at once, and anonymizes its
+    history (audit events, risk decisions, the stores' change logs); an export answers the JSON
+    document of everything held about the user and records it for ``output_artifact_url``.
+    Calling it again answers the first result."""
     done = await service.fulfil(call.pool, call.actor, call.path("dsr_id"), body)
     return call.reply(done, status=200 if done.dsr.status == "fulfilled" else 202)
 
