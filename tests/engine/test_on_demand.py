@@ -13,7 +13,10 @@ dropped in this mode).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
+import re
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,7 +26,16 @@ from aiohttp import ClientSession
 
 from tests.fixtures.peers import Receiver, receiving
 from tests.fixtures.pgproxy import pg_proxy
-from tests.fixtures.service import Project, ServedProcess, eventually, serve_process, stop_gracefully
+from tests.fixtures.proxies import nginx_serving
+from tests.fixtures.service import (
+    ROOT,
+    Project,
+    ServedProcess,
+    eventually,
+    free_ports,
+    serve_process,
+    stop_gracefully,
+)
 
 SERVICE = "authio-on-demand-test"
 
@@ -253,3 +265,88 @@ async def test_a_failed_load_is_503_and_the_next_check_loads_again(
             metrics = await stopped_metrics(served, receiver)
     assert metrics["authio.engine.store_loads:failed"] >= 1, metrics
     assert metrics["authio.engine.store_loads:loaded"] == 2, metrics
+
+
+# -- behind deploy/nginx-sharded.conf ------------------------------------------------------------
+
+
+def _bench_ring() -> Any:
+    """``bench/bench_shards.py``'s model of nginx's ring (the simulation's, checked here)."""
+    spec = importlib.util.spec_from_file_location("bench_shards", ROOT / "bench" / "bench_shards.py")
+    assert spec is not None and spec.loader is not None
+    module = sys.modules.get("bench_shards")
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_shards"] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+    return module.Ring
+
+
+async def test_the_sharded_ingress_sends_each_store_to_one_replica_the_ring_predicts(
+        http: ClientSession, engine_env: dict[str, str], project: Project,
+        nginx_binary: str) -> None:
+    """Two on-demand engines behind nginx with ``deploy/nginx-sharded.conf`` (``hash
+    $authio_store_id consistent``): a store's checks and batch checks all reach one engine, the
+    one ``bench/bench_shards.py``'s ring names for it, and the other never loads it."""
+    stores = [(await new_store(project, "doc:1"))[0] for _ in range(8)]
+    async with on_demand_engine(http, engine_env) as (first, _r1), \
+            on_demand_engine(http, engine_env) as (second, _r2):
+        engines = [first, second]
+        servers = [e.api.base_url.removeprefix("http://") for e in engines]
+        site = (ROOT / "deploy" / "nginx-sharded.conf").read_text()
+        for name, server in (("engine-0.authio-engine:8081", servers[0]),
+                             ("engine-1.authio-engine:8081", servers[1])):
+            assert name in site
+            site = site.replace(name, server)
+        site = re.sub(r"\n\s*server engine-2\.authio-engine:8081[^;]*;", "", site)
+        site = site.replace("control-plane:8080", project.api.base_url.removeprefix("http://"))
+        port = free_ports(1)[0]
+        assert "listen 80;" in site and "include authio-routes.conf;" in site
+        site = site.replace("listen 80;", f"listen 127.0.0.1:{port};").replace(
+            "include authio-routes.conf;", f"include {ROOT / 'deploy' / 'authio-routes.conf'};")
+        ring = _bench_ring()(servers)
+        with nginx_serving(nginx_binary, site, port) as ingress:
+            via = project.api.__class__(http, ingress.base_url, project.key)
+            for store_id in stores:
+                for _ in range(3):
+                    a = await via.post(f"/v1/stores/{store_id}/check", {"tuple_key": tk("doc:1")})
+                    assert (a.status, a.body["allowed"]) == (200, True), a.body
+                    b = await via.post(f"/v1/stores/{store_id}/batch-check",
+                                       {"checks": [{"tuple_key": tk("doc:1")}]})
+                    assert (b.status, b.body["results"][0]["allowed"]) == (200, True), b.body
+            listing = await via.get("/v1/stores")  # everything else: the control plane
+            assert listing.status == 200, listing.body
+        for store_id in stores:
+            owner = ring.server(store_id)
+            for i, engine in enumerate(engines):
+                loaded = lines(engine, f"engine loaded store {store_id}")
+                assert len(loaded) == (1 if i == owner else 0), (store_id, i, owner)
+        # Eight stores on two replicas: both got some (all on one: a chance of 2**-7).
+        assert {ring.server(s) for s in stores} == {0, 1}
+
+
+async def test_the_sharded_ingress_hashes_the_store_of_each_kind_of_request(
+        http: ClientSession, nginx_binary: str) -> None:
+    """``deploy/nginx-sharded.conf``'s key (its two maps, served back by nginx): the path's store
+    for checks and batch checks, the ``store_id`` query parameter or else the
+    ``Service-Check-Store`` header on ``/v1/edge/``, and nothing (round robin) for the rest."""
+    conf = (ROOT / "deploy" / "nginx-sharded.conf").read_text()
+    maps = re.findall(r"^map .*?^\}", conf, flags=re.MULTILINE | re.DOTALL)
+    assert len(maps) == 2, maps
+    port = free_ports(1)[0]
+    site = "\n".join(maps) + (f"\nserver {{ listen 127.0.0.1:{port}; "
+                              "location / { return 200 \"[$authio_store_id]\"; } }")
+    cases = [
+        ("POST", "/v1/stores/store_a/check", {}, "[store_a]"),
+        ("POST", "/v1/stores/store_a/batch-check", {}, "[store_a]"),
+        ("POST", "/v1/stores/store_a/write", {}, "[]"),
+        ("GET", "/v1/stores/store_a", {}, "[]"),
+        ("GET", "/v1/edge/validate", {}, "[]"),
+        ("GET", "/v1/edge/validate?store_id=store_b&object=doc:1&relation=viewer", {}, "[store_b]"),
+        ("GET", "/v1/edge/auth/app/page", {"Service-Check-Store": "store_c"}, "[store_c]"),
+        ("GET", "/v1/edge/auth?store_id=store_b", {"Service-Check-Store": "store_c"}, "[store_b]"),
+    ]
+    with nginx_serving(nginx_binary, site, port) as ingress:
+        for method, path, headers, key in cases:
+            async with http.request(method, ingress.base_url + path, headers=headers) as r:
+                assert (r.status, await r.text()) == (200, key), (method, path, headers)
