@@ -253,16 +253,54 @@ async def test_sighup_reloads_the_certificate(https: ClientSession, ca: trustme.
         assert running.proc.returncode is None
 
 
+def _encrypt_key(files: ServerFiles, passphrase: bytes) -> None:
+    """Rewrite ``files.key`` encrypted with ``passphrase`` (PKCS#8, the best cipher available)."""
+    from cryptography.hazmat.primitives import serialization
+
+    key = serialization.load_pem_private_key(files.key.read_bytes(), password=None)
+    files.key.write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(passphrase)))
+
+
+async def test_an_encrypted_key_with_its_passphrase_file(
+        https: ClientSession, ca: trustme.CA, tmp_path: Path, database_url: str, redis_url: str,
+        redis_prefix: str) -> None:
+    """``SERVICE_TLS_KEY_PASSWORD_FILE`` opens an encrypted key (the file's trailing line break
+    is not part of the passphrase); SIGHUP reads it again with the key."""
+    files = issue(ca, tmp_path / "live", key_type=RSA)
+    _encrypt_key(files, b"correct horse")
+    passphrase = tmp_path / "passphrase"
+    passphrase.write_bytes(b"correct horse\n")
+    env = {**service_env(database_url, redis_url, redis_prefix, files),
+           "SERVICE_TLS_KEY_PASSWORD_FILE": str(passphrase)}
+    async with serve_https(https, env, "all") as running:
+        assert handshake(running.port, client_context(ca)).serial == files.serial
+        new = issue(ca, tmp_path / "second", key_type=RSA)
+        _encrypt_key(new, b"correct horse")
+        replace_files(files, new)
+        running.proc.send_signal(signal.SIGHUP)
+        await until_logged(running, "TLS reload: serving the certificate")
+        assert handshake(running.port, client_context(ca)).serial == new.serial
+
+
 async def test_bad_tls_settings_stop_the_start(database_url: str, redis_url: str,
                                                redis_prefix: str, tmp_path: Path,
                                                ca: trustme.CA) -> None:
-    """A certificate without its key, or a key that is not the certificate's, stops
-    ``authio serve`` at start with a message naming the variables."""
+    """A certificate without its key, a key that is not the certificate's, or an encrypted key
+    with a wrong passphrase stops ``authio serve`` at start with a message naming the
+    variables."""
     good, other = issue(ca, tmp_path / "a", key_type=RSA), issue(ca, tmp_path / "b", key_type=RSA)
+    _encrypt_key(other, b"secret")
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not the passphrase")
     base = service_env(database_url, redis_url, redis_prefix, None)
     cases = {"only the certificate": {"SERVICE_TLS_CERT_FILE": str(good.cert)},
              "a key of another certificate": {"SERVICE_TLS_CERT_FILE": str(good.cert),
-                                              "SERVICE_TLS_KEY_FILE": str(other.key)}}
+                                              "SERVICE_TLS_KEY_FILE": str(other.key)},
+             "a wrong passphrase": {"SERVICE_TLS_CERT_FILE": str(other.cert),
+                                    "SERVICE_TLS_KEY_FILE": str(other.key),
+                                    "SERVICE_TLS_KEY_PASSWORD_FILE": str(wrong)}}
     for what, extra in cases.items():
         proc = await asyncio.create_subprocess_exec(
             AUTHIO, "serve", "all", env={**base, **extra},
