@@ -51,7 +51,6 @@ from tests.fixtures.service import (
     Api,
     Project,
     bootstrap_project,
-    eventually,
     free_ports,
 )
 
@@ -134,10 +133,11 @@ def _http_status(port: int, path: str) -> int | None:
     return int(m[1]) if m else None
 
 
-@pytest.fixture(scope="module")
-def runner(database_url: str, redis_url: str) -> Iterator[Runner]:
-    """The runner as ``make run-split`` starts it (the same entry point, on free ports), ready:
-    nginx answers ``/readyz``. Interrupted and, if need be, killed at the end."""
+@contextlib.contextmanager
+def started(database_url: str, redis_url: str, workers: int) -> Iterator[Runner]:
+    """The runner as ``make run-split`` starts it (the same entry point, on free ports, with
+    ``workers`` engine workers), ready: nginx answers ``/readyz``. Interrupted and, if need be,
+    killed at the end."""
     sink = SmtpSink()
     port, engine_port, control_port = free_ports(3)
     with empty_database(database_url) as db_url, smtp(sink) as smtp_port, \
@@ -157,7 +157,7 @@ def runner(database_url: str, redis_url: str) -> Iterator[Runner]:
             process = subprocess.Popen(
                 [sys.executable, "-m", "devtools", "split", "--port", str(port),
                  "--engine-port", str(engine_port), "--control-plane-port", str(control_port),
-                 "--workers", str(WORKERS), "--run-dir", str(Path(tmp) / "run")],
+                 "--workers", str(workers), "--run-dir", str(Path(tmp) / "run")],
                 cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
         running = Runner(process, port, engine_port, control_port, log, sink)
@@ -183,6 +183,16 @@ def runner(database_url: str, redis_url: str) -> Iterator[Runner]:
                         child.kill()
                     process.kill()
                     process.wait()
+            for child in running.children:  # orphans, had the runner died without them
+                if alive(child):
+                    child.kill()
+
+
+@pytest.fixture(scope="module")
+def runner(database_url: str, redis_url: str) -> Iterator[Runner]:
+    """:func:`started` with :data:`WORKERS` engine workers, for the module's tests."""
+    with started(database_url, redis_url, WORKERS) as running:
+        yield running
 
 
 # --- the main flows through nginx -------------------------------------------------------------
@@ -445,17 +455,50 @@ async def test_ctrl_c_stops_all_of_it(runner: Runner) -> None:
     code = await asyncio.to_thread(runner.process.wait, STOP_WITHIN)
     assert code == 0, runner.output()[-3000:]
 
-    def alive(process: psutil.Process) -> bool:
-        try:
-            return bool(process.is_running()
-                        and process.status() != psutil.STATUS_ZOMBIE)
-        except psutil.NoSuchProcess:
-            return False
+    await asyncio.to_thread(all_gone, runner, children, 10)
+    assert "devtools split: stopped" in runner.output()
 
-    async def all_gone() -> bool:
-        return not [p for p in children if alive(p)]
 
-    await eventually(all_gone, within=10, what="every child of the runner to exit")
+def alive(process: psutil.Process) -> bool:
+    try:
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def all_gone(runner: Runner, children: list[psutil.Process], within: float) -> None:
+    """Every one of ``children`` exits within ``within`` seconds, and nothing answers on the
+    runner's ports any more."""
+    deadline = time.monotonic() + within
+    while left := [p for p in children if alive(p)]:
+        if time.monotonic() > deadline:
+            pytest.fail(f"still running {within:g} s later: {[p.cmdline() for p in left]}",
+                        pytrace=False)
+        time.sleep(0.1)
     for port in (runner.port, runner.engine_port, runner.control_port):
         assert _http_status(port, "/readyz") is None, port
-    assert "devtools split: stopped" in runner.output()
+
+
+def test_a_child_that_exits_stops_the_rest(database_url: str, redis_url: str) -> None:
+    """The control plane killed: the runner stops nginx and the engine and exits with 1."""
+    with started(database_url, redis_url, 1) as runner:
+        children = runner.descendants()
+        control = [p for p in children if "control-plane" in " ".join(p.cmdline())]
+        assert len(control) == 1, [p.cmdline() for p in children]
+        control[0].kill()
+        code = runner.process.wait(STOP_WITHIN)
+        assert code == 1, runner.output()[-3000:]
+        all_gone(runner, children, within=10)
+        assert "control plane exited with status -9; stopping the rest" in runner.output()
+
+
+def test_what_the_runner_started_stops_when_it_dies(database_url: str,
+                                                    redis_url: str) -> None:
+    """The runner killed (SIGKILL: it can do nothing about it): the kernel sends each child
+    SIGTERM (PR_SET_PDEATHSIG), and each stops, nginx's and the engine's workers with them."""
+    with started(database_url, redis_url, WORKERS) as runner:
+        children = runner.descendants()
+        assert len(children) >= 3 + WORKERS, [p.cmdline() for p in children]
+        runner.process.kill()
+        runner.process.wait(STOP_WITHIN)
+        all_gone(runner, children, within=STOP_WITHIN)
