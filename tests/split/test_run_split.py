@@ -428,10 +428,15 @@ async def test_the_documented_application_never_answers_500(
     # The session cookie among 12 kB of others: only it goes to the engine.
     status, _, body = await asyncio.to_thread(raw, port, request("GET", "/app/x", big_cookie))
     assert status == 200 and orjson.loads(body)["user"] == world.user_id, body
-    # A token the engine could not read is not sent: no session.
+    # A token the engine could not read is refused like any token that is not a JWT, and a
+    # Bearer token still wins over the cookie.
     for token in (b"Authorization: Bearer " + b"a" * 12_000, b"Authorization: Bearer a\x01b",
                   b"Cookie: service_session=a\x7fb"):
         status, _, body = await asyncio.to_thread(raw, port, request("GET", "/app/x", token))
+        assert status == 401, (token[:40], status, body[:200])
+    for token in (b"Authorization: Bearer " + b"a" * 12_000, b"Authorization: Bearer a\x01b"):
+        status, _, body = await asyncio.to_thread(raw, port, request("GET", "/app/x", token,
+                                                                     cookie))
         assert status == 401, (token[:40], status, body[:200])
     # The permission of /docs/: the signed-in user is a viewer of doc:handbook.
     status, _, _ = await asyncio.to_thread(raw, port, request("GET", "/docs/x", cookie, *MANY))
