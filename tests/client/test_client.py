@@ -13,6 +13,7 @@ from typing import Any
 import authio_client
 import httpx
 import pytest
+from aiohttp import ClientSession, web
 from authio_client import AsyncAuthioClient, AuthioClient, Revision
 from authio_client.errors import (
     AuthioError,
@@ -272,3 +273,41 @@ async def test_errors_carry_the_envelope(authio: AsyncAuthioClient) -> None:
     assert (type(e), e.code, e.status) == (UserNotFound, "user_not_found", 404)
     assert e.message and isinstance(e.details, dict) and e.request_id
     assert "user_not_found (404)" in str(e)
+
+
+async def test_without_batch_check_the_coalescer_sends_single_checks(project: Project, sent: Sent,
+                                                                     http: ClientSession) -> None:
+    """An ingress in front of the engine that routes single checks but not ``batch-check``
+    (404 ``not_found``): the client notices once and sends each check alone from then on."""
+    async def ingress(request: web.Request) -> web.Response:
+        if request.path.endswith("/batch-check"):
+            return web.json_response({"error": {"code": "not_found", "message": "Not found.", "details": {}},
+                                      "request_id": "req_ingress"}, status=404)
+        headers = {k: request.headers[k] for k in ("Authorization", "Content-Type") if k in request.headers}
+        async with http.request(request.method, project.api.base_url + request.path_qs,
+                                data=await request.read(), headers=headers) as r:
+            return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", ingress)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    client = async_client(project.api.base_url, project.key, sent, engine_url=f"http://127.0.0.1:{port}")
+    try:
+        store = await client.create_store("no-batch")
+        w = await client.write_tuples(store.id, writes=[("doc:0", "viewer", "user:anne")])
+        sent.clear()
+        first = await asyncio.gather(*(client.check(store.id, f"doc:{i}", "viewer", "user:anne",
+                                                    at_least_revision=w.revision) for i in range(6)))
+        assert [r.allowed for r in first] == [True] + [False] * 5
+        assert (sent.count("POST", "/batch-check"), sent.count("POST", "/check")) == (1, 6)
+        assert not client.coalescer.batch_supported
+        sent.clear()
+        await asyncio.gather(*(client.check(store.id, f"doc:{i}", "viewer", "user:anne") for i in range(4)))
+        assert (sent.count("POST", "/batch-check"), sent.count("POST", "/check")) == (0, 4)
+    finally:
+        await client.aclose()
+        await runner.cleanup()
