@@ -402,8 +402,8 @@ def _run(args: argparse.Namespace, split: Split, engine_port: int, control_port:
                 engine=f"127.0.0.1:{engine_port}", control_plane=f"127.0.0.1:{control_port}"))
             split.start("nginx", [nginx, "-p", str(prefix), "-c", str(conf), "-e", "stderr",
                                   "-g", "daemon off;"], env, stop_signal=signal.SIGQUIT)
-            if split.wait_ready({"nginx": f"http://127.0.0.1:{args.port}/readyz"
-                                 if args.host in ("0.0.0.0", "::") else f"{public}/readyz"}):
+            here = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(args.host, args.host)
+            if split.wait_ready({"nginx": f"http://{_url_host(here)}:{args.port}/readyz"}):
                 log(f"devtools split: authio on {public} (nginx, {ROUTES.relative_to(ROOT)}): "
                     f"the engine on 127.0.0.1:{engine_port}, the control plane on "
                     f"127.0.0.1:{control_port}; SERVICE_BASE_URL={env['SERVICE_BASE_URL']}. "
