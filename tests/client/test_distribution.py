@@ -4,7 +4,6 @@ middleware module is imported), and its wheel carries the package with ``py.type
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import tempfile
@@ -30,15 +29,14 @@ def test_importing_it_loads_nothing_of_the_server() -> None:
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
-async def test_its_build_carries_the_typed_package() -> None:
+def test_its_build_carries_the_typed_package() -> None:
     """What setuptools puts in the distribution (``build_py``, as a wheel build does; with the
     virtualenv's setuptools, so no package index is asked)."""
     with tempfile.TemporaryDirectory() as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "build_py", "-d", out,
-            cwd=ROOT / "clients" / "python", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-        output, _ = await proc.communicate()
-        assert proc.returncode == 0, output.decode()
+        proc = subprocess.run(
+            [sys.executable, "-c", "import setuptools; setuptools.setup()", "-q", "build_py", "-d", out],
+            cwd=ROOT / "clients" / "python", capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
         names = {str(p.relative_to(out)) for p in Path(out).rglob("*") if p.is_file()}
     assert {"authio_client/__init__.py", "authio_client/py.typed", "authio_client/starlette.py",
             "authio_client/aiohttp.py"} <= names
