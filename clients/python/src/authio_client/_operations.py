@@ -386,5 +386,5 @@ def edge_validate(token: str, *, project_id: str | None = None, store_id: str | 
 def revoke_session(access_token: str) -> Call[dict[str, Any]]:
     """Sign the session of ``access_token`` out everywhere, at once (``POST
     /v1/sessions/revoke``)."""
-    return Call("POST", "/v1/sessions/revoke", lambda r: dict(r.body), bearer=access_token,
-                idempotent=True)
+    # Not resent after a broken connection: a revoke that went through would then answer 401.
+    return Call("POST", "/v1/sessions/revoke", lambda r: dict(r.body), bearer=access_token)
