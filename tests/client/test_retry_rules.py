@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from typing import Any
 
 import httpx
 from authio_client import RetryPolicy
@@ -29,7 +30,7 @@ class Clock:
         return self.now
 
 
-def attempts(call: Call[object], policy: RetryPolicy | None = None) -> tuple[Attempts, Clock]:
+def attempts(call: Call[Any], policy: RetryPolicy | None = None) -> tuple[Attempts, Clock]:
     clock = Clock()
     return Attempts(policy or RetryPolicy(attempts=4, total_seconds=10.0), call, clock), clock
 
