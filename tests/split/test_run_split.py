@@ -40,6 +40,7 @@ import orjson
 import psutil
 import pytest
 import pytest_asyncio
+import redis
 from aiohttp import ClientSession
 from aiosmtpd.controller import Controller
 
@@ -122,6 +123,21 @@ def smtp(sink: SmtpSink) -> Iterator[int]:
         controller.stop()
 
 
+@contextlib.contextmanager
+def redis_keys(url: str, prefix: str) -> Iterator[None]:
+    """Deletes every Redis key starting with ``prefix`` on exit."""
+    try:
+        yield
+    finally:
+        client = redis.Redis.from_url(url)
+        try:
+            keys = list(client.scan_iter(match=prefix + "*"))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()
+
+
 def _http_status(port: int, path: str) -> int | None:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
@@ -140,11 +156,13 @@ def started(database_url: str, redis_url: str, workers: int) -> Iterator[Runner]
     killed at the end."""
     sink = SmtpSink()
     port, engine_port, control_port = free_ports(3)
+    prefix = f"authio_split_{secrets.token_hex(4)}:"
     with empty_database(database_url) as db_url, smtp(sink) as smtp_port, \
-            tempfile.TemporaryDirectory(prefix="authio-split-") as tmp:
+            tempfile.TemporaryDirectory(prefix="authio-split-") as tmp, \
+            redis_keys(redis_url, prefix):
         env = {
             **os.environ, "DATABASE_URL": db_url, "REDIS_URL": redis_url,
-            "SERVICE_REDIS_PREFIX": f"authio_split_{secrets.token_hex(4)}:",
+            "SERVICE_REDIS_PREFIX": prefix,
             "SERVICE_BOOTSTRAP_TOKEN": BOOTSTRAP_TOKEN, "OTEL_EXPORTER": "none",
             "SERVICE_EMAIL_SINK": "smtp", "SERVICE_SMTP_HOST": "127.0.0.1",
             "SERVICE_SMTP_PORT": str(smtp_port), "SERVICE_SMTP_TLS": "none",
