@@ -470,8 +470,10 @@ class Settings(BaseSettings):
 
     @property
     def public_base_url(self) -> str:
-        """The ``iss`` and link base: ``SERVICE_BASE_URL`` or ``http://localhost:<PORT>``."""
-        return (self.base_url or f"http://localhost:{self.port}").rstrip("/")
+        """The ``iss`` and link base: ``SERVICE_BASE_URL`` or ``http://localhost:<PORT>``
+        (``https://`` when the service serves TLS itself: the port answers nothing else)."""
+        scheme = "https" if self.tls_enabled else "http"
+        return (self.base_url or f"{scheme}://localhost:{self.port}").rstrip("/")
 
     @property
     def base_url_is_local(self) -> bool:

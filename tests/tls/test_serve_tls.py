@@ -27,6 +27,7 @@ import trustme
 from aiohttp import ClientSession
 
 from common.tls import HSTS
+from tests.fixtures.identity import email, latest_link, send_link
 from tests.fixtures.service import AUTHIO, Api, bootstrap_project
 from tests.tls.helpers import (
     HOST,
@@ -214,6 +215,17 @@ async def test_every_response_carries_hsts(served: Served, ca: trustme.CA, http:
 
     plain = await service.get("/healthz")
     assert plain.status == 200 and "Strict-Transport-Security" not in plain.headers
+
+
+async def test_links_name_https_when_the_service_serves_tls(served: Served) -> None:
+    """Without ``SERVICE_BASE_URL`` the links the service sends name ``https://localhost`` and
+    its port: plain http there would reach nothing."""
+    project = await bootstrap_project(served.api, "tls-links")
+    destination = email()
+    r = await send_link(served.api, project, destination)
+    assert r.status == 200, r.body
+    link = await latest_link(project, destination)
+    assert link.startswith(f"https://localhost:{served.port}/v1/auth/magic-link/verify?"), link
 
 
 async def test_sighup_reloads_the_certificate(https: ClientSession, ca: trustme.CA,
