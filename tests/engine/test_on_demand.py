@@ -267,6 +267,38 @@ async def test_a_failed_load_is_503_and_the_next_check_loads_again(
     assert metrics["authio.engine.store_loads:loaded"] == 2, metrics
 
 
+async def test_a_store_just_loaded_that_cannot_catch_up_answers_revision_not_reached(
+        http: ClientSession, engine_env: dict[str, str], database_url: str,
+        project: Project) -> None:
+    """The engine's PostgreSQL links go silent and new ones are refused (a proxy in front of the
+    run's) right after a store's first check: a write made meanwhile (through the control plane, which is
+    not behind the proxy) is committed but cannot be followed, so a check asking for it is
+    ``revision_not_reached``, 503 with ``Retry-After`` and this engine's revision, within the
+    bound; once the engine has replaced its links, the same check is answered."""
+    store_id, r0 = await new_store(project, "doc:1")
+    async with pg_proxy(database_url) as proxy:
+        env = {**engine_env, "DATABASE_URL": proxy.url(database_url),
+               "SERVICE_CONSISTENCY_TIMEOUT_MS": "1000"}
+        async with on_demand_engine(http, env) as (served, _receiver):
+            first = await check(served, project, store_id, "doc:1", at_least=r0)
+            assert (first.status, first.body["revision"]) == (200, r0), first.body
+            proxy.stall()
+            proxy.refusing = True  # and no new link either
+            r1 = await write(project, store_id, "doc:2")
+            late = await check(served, project, store_id, "doc:2", at_least=r1)
+            assert late.status == 503, late.body
+            assert late.body["error"]["code"] == "revision_not_reached"
+            assert late.body["error"]["details"] == {"requested": r1, "current": r0}
+            assert late.headers["Retry-After"] == "1"
+            proxy.go_up()
+
+            async def caught_up() -> bool:
+                a = await check(served, project, store_id, "doc:2", at_least=r1)
+                return bool(a.status == 200 and a.body["allowed"])
+
+            await eventually(caught_up, within=40, what="the engine following the log again")
+
+
 # -- behind deploy/nginx-sharded.conf ------------------------------------------------------------
 
 
