@@ -226,7 +226,7 @@ class Console:
                            operator=operator, renewed=renewed)
 
 
-PAGE: Final = Console(page=True, security=("console_session",))
+PAGE: Final = Console(page=True)  # no security in the document: without it, a 303, not a 401
 ACTION: Final = Console(security=("console_session",))
 
 
