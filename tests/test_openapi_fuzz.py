@@ -22,9 +22,10 @@ For each operation, with ``SEED`` and derandomized, so CI runs the same cases ev
   short strings).
 
 The checks are schemathesis' defaults (no 5xx; status, content type, body and headers as
-documented; valid data accepted; invalid data refused; authentication enforced), with two
-narrowed (``no_server_error``, ``valid_data_accepted``: each exception is listed with its
-reason and told by the answer's error, never by its status alone), and ``request_id_check``.
+documented; valid data accepted; invalid data refused; authentication enforced), with four
+narrowed (``no_server_error``, ``valid_data_accepted``, ``invalid_data_refused``,
+``auth_enforced``: each exception is listed with its reason and told by the answer's error,
+never by its status alone), and ``request_id_check``.
 
 What the document cannot say is given to the cases (``prepare``):
 
@@ -40,8 +41,10 @@ What the document cannot say is given to the cases (``prepare``):
   place of those the case carries; a case generated without them keeps none;
 * the admin portal's session: a link of the operation's organization opened (a ``scim`` link for
   the SCIM step, a ``domain_verification`` one otherwise), its cookie sent with every case of
-  the portal's calls: the document names no scheme for it, and without it every case would
-  stop at 410 before its body is read.
+  the portal's calls (security ``portalSession``), whose answer without a live session is 410
+  ``token_invalid_or_expired`` (``auth_enforced``), which every case would otherwise stop at
+  before its body is read. The console's calls (``consoleSession``) get no session: each case
+  is refused 401 ``no_session`` before its body is read (tests/operators goes through them).
 """
 
 from __future__ import annotations
@@ -62,8 +65,13 @@ import schemathesis
 from aiohttp import ClientSession, ClientTimeout
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import Failure
+from schemathesis.core.parameters import ParameterLocation
 from schemathesis.generation.modes import GenerationMode
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import (
+    ignored_auth,
+    negative_data_rejection,
+    positive_data_acceptance,
+)
 
 from common.settings import Settings
 from control_plane.app import openapi_document
@@ -323,8 +331,12 @@ def credentials(case: schemathesis.Case, live: Live) -> dict[str, dict[str, str]
     headers = case.headers or {}
     ours = case.meta is None  # a hostile case: about something else, always authenticated
     path = case.operation.path
-    if path.startswith("/v1/portal/") and path != "/v1/portal/links":
-        return {"cookies": {PORTAL_COOKIE: portal_session(live, case.operation.label, path)}}
+    if "portalSession" in ways:
+        # A case meant without a valid cookie (a negative one about it) is sent without any.
+        bad = case.meta is not None and case.meta.is_negative_at(ParameterLocation.COOKIE)
+        if ours or (PORTAL_COOKIE in (case.cookies or {}) and not bad):
+            return {"cookies": {PORTAL_COOKIE: portal_session(live, case.operation.label, path)}}
+        return {}
     if "apiKey" in ways or "session" in ways:
         if "apiKey" in ways:
             secret = live.project.key
@@ -533,6 +545,43 @@ def no_server_error(ctx: Any, response: schemathesis.Response,
     return not_a_server_error(ctx, response, case)
 
 
+def _sent_portal_cookie(response: schemathesis.Response) -> bool:
+    return f"{PORTAL_COOKIE}=" in (response.request.headers.get("Cookie") or "")
+
+
+def invalid_data_refused(ctx: Any, response: schemathesis.Response,
+                         case: schemathesis.Case) -> bool | None:
+    """schemathesis' ``negative_data_rejection``, except a portal call sent without its cookie
+    (a case whose cookie is missing or invalid): 410 ``token_invalid_or_expired`` is the
+    portal's documented refusal of it (``auth_enforced``)."""
+    if ("portalSession" in security(case) and not _sent_portal_cookie(response)
+            and (response.status_code, error_code(response)) == (410, "token_invalid_or_expired")):
+        return None
+    return negative_data_rejection(ctx, response, case)
+
+
+def auth_enforced(ctx: Any, response: schemathesis.Response,
+                  case: schemathesis.Case) -> bool | None:
+    """schemathesis' ``ignored_auth``, except for the admin portal's calls (security
+    ``portalSession``): without a live portal session they answer 410
+    ``token_invalid_or_expired``, the state of the setup link whose session it was (as the
+    document says), where ``ignored_auth`` expects 401 or 403. A portal call that was accepted
+    is sent again without its cookie and with a cookie of no session, and each must be that
+    refusal."""
+    if "portalSession" not in security(case):
+        return ignored_auth(ctx, response, case)
+    if not 200 <= response.status_code < 300:
+        return None
+    sent = response.request
+    headers = {k: v for k, v in sent.headers.items() if k.lower() != "cookie"}
+    for cookies in ({}, {PORTAL_COOKIE: "no-such-session"}):
+        probe = requests.request(sent.method, sent.url, data=sent.body, headers=headers,
+                                 cookies=cookies, timeout=60)
+        assert (probe.status_code, error_code(probe)) == (410, "token_invalid_or_expired"), \
+            (cookies, probe.status_code, probe.text[:300])
+    return None
+
+
 def request_id_check(ctx: Any, response: schemathesis.Response, case: schemathesis.Case) -> bool:
     """The document's promise on every JSON answer: ``request_id`` is the ``X-Request-Id``."""
     header = response.headers.get("x-request-id")
@@ -658,5 +707,7 @@ schema.hook("before_add_examples")(add_hostile_cases)
 def test_every_operation(case: schemathesis.Case, live: Live) -> None:
     case.call_and_validate(
         base_url=live.base_url, timeout=60, **prepare(case, live),
-        excluded_checks=[positive_data_acceptance, not_a_server_error],
-        additional_checks=[valid_data_accepted, no_server_error, request_id_check])
+        excluded_checks=[positive_data_acceptance, not_a_server_error, ignored_auth,
+                         negative_data_rejection],
+        additional_checks=[valid_data_accepted, no_server_error, request_id_check,
+                           auth_enforced, invalid_data_refused])
