@@ -6,9 +6,13 @@ Challenges are stored server side (``webauthn_challenges``) for
 ``SERVICE_WEBAUTHN_CHALLENGE_TTL_SECONDS`` and found by the value in the response's
 ``clientDataJSON``. A verify spends its challenge first, whatever happens next (single use); an
 unknown, spent or expired challenge, or one of the other ceremony, project or user, is
-UnknownOrExpiredChallenge (400). A response that does not verify (signature, origin, RP id, user
-verification when required, type, an unknown, deleted or other project's credential, a counter
-that went backwards on a credential that counts: a clone) is VerificationFailed (400).
+UnknownOrExpiredChallenge (400). A login challenge may also be of no project yet
+(:func:`open_authentication_options`, for a relying party several projects share: the operator
+console's); only :func:`sign_in` with ``open_challenge`` takes it, in the project its caller
+found from the credential's user handle (:func:`user_handle`). A response that does not
+verify (signature, origin, RP id, user verification when required, type, an unknown, deleted or
+other project's credential, a counter that went backwards on a credential that counts: a
+clone) is VerificationFailed (400).
 
 A login is a sign-in like a magic link's (``sessions.start_session``, method ``passkey``): the
 credential's counter update, the session and ``auth.signin_attempt`` commit in one statement.
