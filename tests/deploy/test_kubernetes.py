@@ -3,8 +3,12 @@ checked offline, as a cluster of the pinned version (``deploy/kubernetes/kuberne
 would take it and as the services would read it.
 
 * Every built-in object validates against that version's OpenAPI schemas, strictly (an unknown
-  field is an error), with ``kubernetes-validate``; the Gateway API's objects (custom resources,
-  which it has no schema for) are checked in ``test_routing.py`` for what they route.
+  field is an error), with ``kubernetes-validate``. The Gateway API's objects are custom
+  resources it has no schema for: they validate against the schemas of the Gateway API's CRDs as
+  the npm package ``@kubernetes-models/gateway-api`` (2.0.0, pinned by ``gateway_api/``'s lock
+  file; installed with ``npm ci`` under ``.run/peers/``, Debian's Node.js first when missing)
+  generates them: types, enums, patterns and limits, though not unknown fields nor the CRDs' CEL
+  rules. What they route is ``test_routing.py``'s.
 * What the pods get: the commands (``authio serve engine`` / ``serve control-plane`` /
   ``migrate``) of one image, the probes on the ports the commands serve, the engine's worker count
   from its CPU limit, every ConfigMap and Secret reference resolving to a rendered object and key,
@@ -19,6 +23,12 @@ would take it and as the services would read it.
 from __future__ import annotations
 
 import base64
+import fcntl
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +38,7 @@ from kubernetes_validate.utils import SchemaNotFoundError
 from pydantic import ValidationError
 
 from common.settings import Settings
+from devtools import DevServicesError
 from tests.deploy.kustomize import (
     KUBERNETES,
     KUBERNETES_VERSION,
@@ -39,11 +50,15 @@ from tests.deploy.kustomize import (
     one,
     render,
 )
+from tests.fixtures.installs import debian_packages, tell
+from tests.fixtures.service import ROOT
 
 GATEWAY_API = "gateway.networking.k8s.io/"
 ENV_NAMES = {str(f.validation_alias.choices[0])  # type: ignore[union-attr]
              for f in Settings.model_fields.values()}
 """Every variable ``common.settings`` reads."""
+GATEWAY_API_SOURCE = Path(__file__).resolve().parent / "gateway_api"
+GATEWAY_API_DIR = ROOT / ".run" / "peers" / "gateway-api-models"
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +101,56 @@ def test_every_object_validates_against_the_pinned_kubernetes(
         assert version == KUBERNETES_VERSION
         checked += 1
     assert checked >= 4
+
+
+@pytest.fixture(scope="module")
+def gateway_api_validator() -> list[str]:
+    """The command validating Gateway API objects (``gateway_api/validate.mjs``, a JSON array
+    on its standard input), with its packages installed (``npm ci``, again only when the lock
+    file changes)."""
+    try:
+        debian_packages(["nodejs", "npm"], present=lambda: bool(
+            shutil.which("node") and shutil.which("npm")), needed_by="the Kubernetes manifest tests")
+    except DevServicesError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    wanted = hashlib.sha256((GATEWAY_API_SOURCE / "package-lock.json").read_bytes()).hexdigest()
+    marker = GATEWAY_API_DIR / ".installed"
+    with open(Path(tempfile.gettempdir()) / "authio-gateway-api-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (marker.exists() and marker.read_text() == wanted):
+            GATEWAY_API_DIR.mkdir(parents=True, exist_ok=True)
+            marker.unlink(missing_ok=True)
+            for name in ("package.json", "package-lock.json"):
+                shutil.copyfile(GATEWAY_API_SOURCE / name, GATEWAY_API_DIR / name)
+            tell(f"the Kubernetes manifest tests: npm ci (@kubernetes-models/gateway-api) in "
+                 f"{GATEWAY_API_DIR}")
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"],
+                           cwd=GATEWAY_API_DIR, check=True, stdin=subprocess.DEVNULL, timeout=600)
+            marker.write_text(wanted)
+        shutil.copyfile(GATEWAY_API_SOURCE / "validate.mjs", GATEWAY_API_DIR / "validate.mjs")
+    return [str(shutil.which("node")), str(GATEWAY_API_DIR / "validate.mjs")]
+
+
+def validate_gateway_api(command: list[str], objects: list[dict[str, Any]]
+                         ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, input=json.dumps(objects), capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_gateway_api_objects_validate_against_its_crd_schemas(
+        rendered: dict[str, list[dict[str, Any]]], gateway_api_validator: list[str]) -> None:
+    objects = [o for o in rendered["gateway-api"] if o["apiVersion"].startswith(GATEWAY_API)]
+    assert {o["kind"] for o in objects} == {"Gateway", "HTTPRoute"}
+    assert {o["apiVersion"] for o in objects} == {GATEWAY_API + "v1"}  # the standard channel
+    done = validate_gateway_api(gateway_api_validator, objects)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines()] == ["ok"] * len(objects)
+    # The validator can fail: a path match of a type the Gateway API does not have.
+    broken = json.loads(json.dumps(objects))
+    (engine,) = [o for o in broken if o["metadata"]["name"] == "authio-engine"]
+    engine["spec"]["rules"][0]["matches"][0]["path"]["type"] = "Regex"
+    done = validate_gateway_api(gateway_api_validator, broken)
+    assert done.returncode == 1 and "invalid HTTPRoute authio-engine" in done.stdout
 
 
 def test_strict_validation_refuses_an_unknown_field() -> None:

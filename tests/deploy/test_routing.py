@@ -13,7 +13,7 @@ control plane, as each of our three routings sends it:
   longest PathPrefix, element-wise: ``/v1/edge`` matches ``/v1/edge`` and ``/v1/edge/...``), with
   RegularExpression matches (full matches) ranked each way implementations rank them, since the
   spec leaves it to them: above every PathPrefix (Envoy Gateway), below every PathPrefix (Istio),
-  and among the prefixes by length (Contour). The routing must not depend on which.
+  and among the prefixes by length. The routing must not depend on which.
 * ``deploy/nginx.conf`` with the files it includes (``make run-split``'s routing): nginx's
   location selection (the longest prefix, then regular expressions in order, the first match
   winning; named locations skipped).
@@ -209,7 +209,7 @@ REGEX_RANKS = {
         {"Exact": 3, "RegularExpression": 2, "PathPrefix": 1}[m.kind], len(m.value)),
     "below every PathPrefix (Istio)": lambda m: (
         {"Exact": 3, "PathPrefix": 2, "RegularExpression": 1}[m.kind], len(m.value)),
-    "among the prefixes by length (Contour)": lambda m: (
+    "among the prefixes by length": lambda m: (
         {"Exact": 2, "PathPrefix": 1, "RegularExpression": 1}[m.kind], len(m.value)),
 }
 """The rank of a match under each precedence of RegularExpression (highest wins; ties keep the
