@@ -10,6 +10,7 @@ concurrent callers, against a running service.
     # or with a key of an existing project (full access, or authz:check + authz:write):
     .venv/bin/python bench/bench_client.py --base-url ... --api-key sk_live_...
     # options: --callers 1,16,256 --seconds 5 --warmup 1 --rounds 1 --max-connections N --json out.json
+    #          --reference: also single checks through a bare aiohttp client (the HTTP client's share)
 
 What it measures: ``--callers`` tasks on one event loop (one client, one ``httpx.AsyncClient``
 whose pool allows as many connections as callers, or ``--max-connections``), each awaiting ``client.check(...)`` in a
@@ -83,7 +84,8 @@ async def run(base_url: str, key: str, store: str, checks: list[tuple[str, str, 
         nonlocal sent
         sent += 1
 
-    http = httpx.AsyncClient(timeout=30.0, limits=httpx.Limits(max_connections=max_connections or callers),
+    http = httpx.AsyncClient(timeout=30.0, limits=httpx.Limits(max_connections=max_connections or callers,
+                                                                 max_keepalive_connections=max_connections or callers),
                              event_hooks={"request": [count]})
     client = AsyncAuthioClient(base_url, key, http=http, coalesce=coalesce)
     done = 0
@@ -119,6 +121,43 @@ async def run(base_url: str, key: str, store: str, checks: list[tuple[str, str, 
                   lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000)
 
 
+async def run_raw(base_url: str, key: str, store: str, checks: list[tuple[str, str, str]], *, callers: int,
+                  seconds: float, warmup: float) -> Figure:
+    """The reference: single checks sent with a bare aiohttp client (no authio client at all), to
+    tell the HTTP client's cost per request from the service's."""
+    import aiohttp
+
+    url = f"{base_url.rstrip('/')}/v1/stores/{store}/check"
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    done, latencies, measuring, stop = 0, [], False, False
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=callers)) as http:
+        async def caller(n: int) -> None:
+            nonlocal done
+            i = n
+            while not stop:
+                o, r, u = checks[i % len(checks)]
+                i += callers
+                t0 = time.perf_counter()
+                body = json.dumps({"tuple_key": {"object": o, "relation": r, "user": u}})
+                async with http.post(url, data=body, headers=headers) as resp:
+                    assert resp.status == 200, await resp.text()
+                    await resp.read()
+                if measuring:
+                    done += 1
+                    latencies.append(time.perf_counter() - t0)
+
+        tasks = [asyncio.create_task(caller(n)) for n in range(callers)]
+        await asyncio.sleep(warmup)
+        measuring, started = True, time.perf_counter()
+        await asyncio.sleep(seconds)
+        measuring, elapsed = False, time.perf_counter() - started
+        stop = True
+        await asyncio.gather(*tasks)
+    lat = sorted(latencies)
+    return Figure("raw", callers, done / elapsed, done / elapsed, 1.0, statistics.median(lat) * 1000,
+                  lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", default="http://127.0.0.1:8080")
@@ -130,6 +169,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--tuples", type=int, default=5000)
     parser.add_argument("--max-connections", type=int, help="httpx pool size (default: one per caller)")
+    parser.add_argument("--reference", action="store_true",
+                        help="also single checks through a bare aiohttp client (mode 'raw')")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -138,10 +179,14 @@ def main() -> None:
     figures: list[Figure] = []
     for _ in range(args.rounds):
         for callers in (int(c) for c in args.callers.split(",")):
-            for coalesce in (False, True):
-                f = asyncio.run(run(args.base_url, key, store, checks, coalesce=coalesce, callers=callers,
-                                    seconds=args.seconds, warmup=args.warmup,
-                                    max_connections=args.max_connections))
+            for mode in ("raw", "off", "on") if args.reference else ("off", "on"):
+                if mode == "raw":
+                    f = asyncio.run(run_raw(args.base_url, key, store, checks, callers=callers,
+                                            seconds=args.seconds, warmup=args.warmup))
+                else:
+                    f = asyncio.run(run(args.base_url, key, store, checks, coalesce=mode == "on", callers=callers,
+                                        seconds=args.seconds, warmup=args.warmup,
+                                        max_connections=args.max_connections))
                 figures.append(f)
                 print(f"coalesce {f.mode:>3}  callers {f.callers:>4}  {f.checks_per_s:>9,.0f} checks/s  "
                       f"{f.requests_per_s:>7,.0f} req/s  {f.checks_per_request:>6.1f} checks/req  "
@@ -150,7 +195,11 @@ def main() -> None:
     for callers in sorted({f.callers for f in figures}):
         on = statistics.median(f.checks_per_s for f in figures if f.callers == callers and f.mode == "on")
         off = statistics.median(f.checks_per_s for f in figures if f.callers == callers and f.mode == "off")
-        print(f"callers {callers:>4}: coalescing on / off = {on / off:.2f}x ({on:,.0f} / {off:,.0f} checks/s)")
+        line = f"callers {callers:>4}: coalescing on / off = {on / off:.2f}x ({on:,.0f} / {off:,.0f} checks/s)"
+        raw = [f.checks_per_s for f in figures if f.callers == callers and f.mode == "raw"]
+        if raw:
+            line += f"; on / raw aiohttp singles = {on / statistics.median(raw):.2f}x"
+        print(line)
     if args.json:
         args.json.write_text(json.dumps([asdict(f) for f in figures], indent=2) + "\n")
 

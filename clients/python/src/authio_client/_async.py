@@ -12,6 +12,7 @@ from authio_client import _operations as ops
 from authio_client._coalesce import Coalescer
 from authio_client._core import (
     DEFAULT_TIMEOUT,
+    LIMITS,
     Attempts,
     Call,
     Config,
@@ -90,7 +91,7 @@ class AsyncAuthioClient:
         self.config = Config(base_url.rstrip("/"), (engine_url or base_url).rstrip("/"), api_key,
                              retry or RetryPolicy())
         self._own_http = http is None
-        self.http = http or httpx.AsyncClient(timeout=timeout, headers={"User-Agent": user_agent()},
+        self.http = http or httpx.AsyncClient(timeout=timeout, headers={"User-Agent": user_agent()}, limits=LIMITS,
                                              event_hooks=dict(event_hooks or {}))
         self.project_id = project_id
         self.issuer = (issuer or base_url).rstrip("/")

@@ -34,12 +34,15 @@ import httpx
 
 from authio_client.errors import AuthioError, ConnectionFailed, Timeout, error_from
 
-__all__ = ["DEFAULT_TIMEOUT", "Attempts", "Call", "Config", "Reply", "RetryPolicy", "build_request",
+__all__ = ["DEFAULT_TIMEOUT", "LIMITS", "Attempts", "Call", "Config", "Reply", "RetryPolicy", "build_request",
            "interpret", "transport_error", "user_agent"]
 
 T = TypeVar("T")
 VERSION = "0.1.0"
 DEFAULT_TIMEOUT = 10.0
+LIMITS: Final = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+"""The clients' own connection pools: as many idle connections kept as may be open (httpx keeps
+20 by default, so a busy client would open and close the rest for every request)."""
 RETRY_STATUSES = frozenset({429, 503})
 
 
