@@ -220,7 +220,9 @@ class AsyncAuthioClient:
         header = header_of(token)
         assert token is not None
         project_id = await self.resolve_project_id()
-        if header.pid != project_id:
+        if header.pid is None:
+            raise refused("signature", "The access token names no project.")
+        if header.pid != project_id:  # before any key lookup: another project's kids cost no fetch
             raise refused("project", "The access token belongs to another project.")
         cache = self.jwks
         key = cache.keys.get(header.kid)

@@ -221,7 +221,9 @@ class AuthioClient:
         header = header_of(token)
         assert token is not None
         project_id = self.resolve_project_id()
-        if header.pid != project_id:
+        if header.pid is None:
+            raise refused("signature", "The access token names no project.")
+        if header.pid != project_id:  # before any key lookup: another project's kids cost no fetch
             raise refused("project", "The access token belongs to another project.")
         with self._jwks_lock:
             cache = self.jwks
