@@ -8,8 +8,10 @@ import asyncio
 import base64
 import json
 
+import httpx
 import pytest
-from authio_client.errors import InvalidSession, NoSession
+from authio_client import AsyncAuthioClient, RetryPolicy
+from authio_client.errors import ConnectionFailed, InvalidSession, NoSession
 
 from tests.client.helpers import Sent, async_client, signed_in, sync_client
 from tests.fixtures.service import Api, Project, bootstrap_project, eventually
@@ -125,3 +127,50 @@ async def test_a_revoked_session_is_refused_at_once_only_when_the_engine_is_aske
             return None
     assert await asyncio.to_thread(sync_check) == "revoked"
     await client.aclose()
+
+
+class FailJwks(httpx.AsyncBaseTransport):
+    """Passes everything to the service, except JWKS fetches while ``failing`` (a connection
+    refused: the service unreachable)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.failing = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.failing and request.url.path == JWKS:
+            raise httpx.ConnectError("refused", request=request)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_the_jwks_is_fetched_again_after_its_ttl_and_kept_when_that_fails(project: Project) -> None:
+    transport, sent = FailJwks(), Sent()
+    async with httpx.AsyncClient(transport=transport,
+                                 event_hooks={"request": [sent.a_request]}) as http:
+        client = AsyncAuthioClient(project.api.base_url, project.key, http=http, jwks_ttl=0.5,
+                                   retry=RetryPolicy(attempts=2, backoff=0.01))
+        anne = await signed_in(project)
+        await client.verify_session(anne.access_token)
+        await client.verify_session(anne.access_token)
+        assert sent.count("GET", JWKS) == 1
+        await asyncio.sleep(0.6)
+        await client.verify_session(anne.access_token)
+        assert sent.count("GET", JWKS) == 2  # expired: fetched again
+
+        transport.failing = True
+        await asyncio.sleep(0.6)
+        # Expired and unreachable: the cached keys go on verifying, and the next try waits.
+        assert (await client.verify_session(anne.access_token)).user_id == anne.user_id
+        tried = sent.count("GET", JWKS)
+        assert tried == 4  # one try and one retry
+        assert (await client.verify_session(anne.access_token)).user_id == anne.user_id
+        assert sent.count("GET", JWKS) == tried
+
+        # Without any cached keys, the failure is the caller's.
+        fresh = AsyncAuthioClient(project.api.base_url, project.key, http=http,
+                                  retry=RetryPolicy(attempts=1))
+        with pytest.raises(ConnectionFailed):
+            await fresh.verify_session(anne.access_token)
