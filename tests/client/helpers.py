@@ -3,11 +3,13 @@ hook), clients built with it, and a signed-in user."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from aiohttp import ClientSession, web
 from authio_client import AsyncAuthioClient, AuthioClient, RetryPolicy
 
 from tests.fixtures.identity import SignedIn, email, sign_in
@@ -64,3 +66,42 @@ def sync_client(base_url: str, key: str | None, sent: Sent, **kw: Any) -> Authio
 async def signed_in(project: Project) -> SignedIn:
     """A new user of ``project`` signed in by magic link (through the service's HTTP API)."""
     return await sign_in(project, email())
+
+
+Intercept = Callable[[str, bytes], Awaitable["web.Response | None"]]
+Rewrite = Callable[[str, bytes], Awaitable[bytes]]
+
+
+async def _unchanged(path: str, body: bytes) -> bytes:
+    return body
+
+
+@contextlib.asynccontextmanager
+async def ingress(http: ClientSession, upstream: str, intercept: Intercept,
+                  rewrite: Rewrite = _unchanged) -> AsyncIterator[str]:
+    """A small HTTP ingress on a loopback port (its URL yielded) passing requests to
+    ``upstream``: ``intercept(path, request body)`` may answer instead, and ``rewrite(path,
+    answer body)`` may change what the service answered (a fault put in front of the real
+    service, for the moments it cannot be made to produce on purpose)."""
+    async def handle(request: web.Request) -> web.Response:
+        body = await request.read()
+        own = await intercept(request.path, body)
+        if own is not None:
+            return own
+        headers = {k: request.headers[k] for k in ("Authorization", "Content-Type") if k in request.headers}
+        async with http.request(request.method, upstream + request.path_qs, data=body, headers=headers) as r:
+            answer = await rewrite(request.path, await r.read())
+            kept = {k: v for k, v in r.headers.items() if k.lower() in ("retry-after", "x-request-id")}
+            return web.Response(body=answer, status=r.status, headers=kept, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
