@@ -382,7 +382,20 @@ def _renderer(path: str) -> ErrorRenderer | None:
     return None
 
 
+REFUSAL_HEADERS: Final = web.RequestKey("refusal_headers", Mapping[str, str])
+"""Headers a route's own layer puts on the request for the envelope to set on its refusal too
+(the CORS headers of a public route, ``control_plane.tenancy.cors``); read on refusals only."""
+
+
 def _refusal(request: web.Request, err: ServiceError, rid: str) -> web.Response:
+    response = _refusal_of(request, err, rid)
+    extra = request.get(REFUSAL_HEADERS)
+    if extra:
+        response.headers.update(extra)
+    return response
+
+
+def _refusal_of(request: web.Request, err: ServiceError, rid: str) -> web.Response:
     if err.status not in (401, 403) and _DENY_ONLY_PREFIXES and request.path.startswith(
             tuple(_DENY_ONLY_PREFIXES)):
         err = Forbidden(err.message, details={"reason": err.code})

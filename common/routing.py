@@ -170,20 +170,23 @@ class RouteTable:
 
         return register
 
-    def mount(self, router: web.UrlDispatcher) -> dict[str, web.Resource]:
+    def mount(self, router: web.UrlDispatcher, *,
+              wrap: Callable[[Operation], Handler] | None = None) -> dict[str, web.Resource]:
         """Register every operation with ``router`` (a GET route also as HEAD unless its
         ``allow_head`` is off), one resource per path: aiohttp tries a request's candidate
         resources one by one, so a path registered as several resources (one per method,
-        interleaved with others) costs a match attempt per resource on every request. Returns
-        the resources by their path as declared."""
+        interleaved with others) costs a match attempt per resource on every request. ``wrap``
+        gives the handler to serve an operation with (default: its own). Returns the resources
+        by their path as declared."""
         resources: dict[str, web.Resource] = {}
         for op in self._operations:
             resource = resources.get(op.path)
             if resource is None:
                 resource = resources[op.path] = router.add_resource(op.path)
+            handler = op.handler if wrap is None else wrap(op)
             if op.method == "GET" and op.allow_head:
-                resource.add_route("HEAD", op.handler)
-            resource.add_route(op.method, op.handler)
+                resource.add_route("HEAD", handler)
+            resource.add_route(op.method, handler)
         return resources
 
 
