@@ -27,6 +27,7 @@ from common.routing import Reply, RouteTable, operations
 from common.runtime import base_app, health_routes, install_resources
 from common.settings import Settings, SettingsError
 from control_plane.appkeys import (
+    CORS_ORIGINS,
     CURSOR_SECRET,
     KEYRING,
     KMS,
@@ -78,8 +79,10 @@ from control_plane.sessions.tokens import TokenService
 from control_plane.signing_keys import endpoints as signing_keys
 from control_plane.signing_keys import tasks as signing_key_tasks
 from control_plane.signing_keys.service import Keyring
+from control_plane.tenancy import cors
 from control_plane.tenancy import endpoints as tenancy
 from control_plane.users import endpoints as users
+from control_plane.web import browser
 from control_plane.web.pagination import load_cursor_secret
 from control_plane.web.ratelimit import RateLimits
 from control_plane.webhooks import endpoints as webhooks
@@ -91,14 +94,17 @@ TITLE: Final = "authio"
 DESCRIPTION: Final = (
     "Passwordless sign-in, sessions and Zanzibar-style permission checks for multi-tenant "
     "applications. Every response carries X-Request-Id, equal to the request_id of its body; "
-    "errors are {\"error\": {\"code\", \"message\", \"details\"}, \"request_id\"}."
+    "errors are {\"error\": {\"code\", \"message\", \"details\"}, \"request_id\"}. "
+    "The public routes (/v1/auth/*, /v1/sessions/*) answer CORS, preflights (OPTIONS) included, "
+    "to the origins their project allows (its webauthn.origins and cors_origins, "
+    "PATCH /v1/projects/me), with credentials; no other route answers CORS (docs/browser.md)."
 )
 ROUTES: Final = (tenancy.routes, authz.routes, users.routes, organizations.routes,
                  sessions.routes, magic_links.routes, passkeys.routes, oauth.routes,
                  risk.routes, signing_keys.routes,
                  audit.routes, webhooks.routes, compliance.routes, imports.routes,
                  recovery.routes, scim.routes, portal.routes, operators.routes,
-                 operator_console.routes)
+                 operator_console.routes, browser.routes)
 WORKERS: Final[Sequence[Callable[[web.Application], AbstractAsyncContextManager[None]]]] = (
     audit_tasks.workers, signing_key_tasks.workers, message_tasks.workers,
     session_tasks.workers, magic_link_tasks.workers, authz_tasks.workers, passkey_tasks.workers,
@@ -197,8 +203,18 @@ def setup_control_plane(app: web.Application) -> None:
     scim_service.follow_memberships()  # directory group tuples follow every membership change
     app.cleanup_ctx.append(_resources)
     app.cleanup_ctx.append(_workers)
+    app[CORS_ORIGINS] = cors.OriginCache()
+    cache = functools.partial(_origin_cache, app)
     for table in route_tables(settings):
-        table.mount(app.router)
+        # The public routes answer CORS to the origins their project allows (DESIGN.md "the
+        # browser (CORS)"); no other route is touched.
+        resources = table.mount(app.router, wrap=lambda op: cors.decorated(op.handler, cache)
+                                if cors.is_public(op.path) else op.handler)
+        cors.mount(table, resources, cache)
+
+
+def _origin_cache(app: web.Application, request: web.Request) -> cors.OriginCache:
+    return app[CORS_ORIGINS]
 
 
 def create_control_plane_app(settings: Settings) -> web.Application:

@@ -19,6 +19,7 @@ from control_plane.portal.resolver import TxtResolver
 from control_plane.risk.service import RiskEngine
 from control_plane.sessions.tokens import TokenService
 from control_plane.signing_keys.service import Keyring
+from control_plane.tenancy.cors import OriginCache
 
 CURSOR_SECRET: Final = web.AppKey("cursor_secret", bytes)
 """The deployment's cursor-signing secret (``control_plane.web.pagination``)."""
@@ -45,6 +46,8 @@ MAINTENANCE_BOARD: Final = web.AppKey("maintenance_board", MaintenanceBoard)
 """The started maintenance windows ``GET /readyz`` shows (``control_plane.compliance.service``)."""
 OPENAPI: Final = web.AppKey("openapi_document", bytes)
 """The service's OpenAPI document, serialized (``control_plane.app.openapi_document``)."""
+CORS_ORIGINS: Final = web.AppKey("cors_origins", OriginCache)
+"""The allowed origins of projects, cached per process (``control_plane.tenancy.cors``)."""
 TXT_RESOLVER: Final = web.AppKey("txt_resolver", TxtResolver)
 """DNS TXT lookups for the admin portal's domain verification, through ``SERVICE_DNS_RESOLVER``
 or the system's resolver (``control_plane.portal.resolver``)."""

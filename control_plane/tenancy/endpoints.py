@@ -9,7 +9,7 @@ from aiohttp import web
 from common.appkeys import AUTHENTICATOR
 from common.errors import DomainInUse, InsufficientScope, InvalidEmail, NotFound
 from common.routing import Reply, RouteTable
-from control_plane.appkeys import CURSOR_SECRET, KEYRING, KMS, OUTBOX_WAKE
+from control_plane.appkeys import CORS_ORIGINS, CURSOR_SECRET, KEYRING, KMS, OUTBOX_WAKE
 from control_plane.operators import service as operators
 from control_plane.tenancy import service
 from control_plane.tenancy.schemas import (
@@ -63,14 +63,20 @@ async def patch_project(call: Call, body: PatchProject) -> web.Response:
     """Change the project's token settings.
 
     ``signing_alg`` (``EdDSA`` or ``RS256``; a change rotates to a key of the new algorithm at
-    once, the old key staying published for its overlap window) and ``domains`` (host names that
-    name the project on public endpoints; replaces the set)."""
+    once, the old key staying published for its overlap window), ``domains`` (host names that
+    name the project on public endpoints; replaces the set), ``cors_origins`` (origins whose
+    pages may call the public endpoints, ``/v1/auth/*`` and ``/v1/sessions/*``, with
+    credentials, besides ``webauthn.origins``: exact ``scheme://host[:port]``, https but for
+    loopback hosts; replaces the set; this process follows at once, others within 10 s) and
+    ``webauthn`` (the passkey relying party)."""
     async with call.connection() as conn:
         changes = await service.update_project(conn, call.actor, kms=call.app[KMS],
                                                settings=call.settings, body=body)
         project = await service.describe_project(conn, call.project_id)
     if "signing_alg" in changes:
         call.app[KEYRING].forget(call.project_id)
+    if changes.keys() & {"cors_origins", "webauthn", "domains"}:
+        call.app[CORS_ORIGINS].forget(call.project_id)  # other processes: within its TTL
     return call.reply(project)
 
 

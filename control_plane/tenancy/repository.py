@@ -12,7 +12,7 @@ from control_plane.tenancy.schemas import ApiKey
 
 KEY_COLUMNS: Final = "id, name, prefix, last_four, scopes, created_at, revoked_at, created_by_key_id"
 _PROJECT: Final = """
-SELECT p.id, p.name, p.environment, p.tenant_id, p.created_at, p.signing_alg,
+SELECT p.id, p.name, p.environment, p.tenant_id, p.created_at, p.signing_alg, p.cors_origins,
        ARRAY(SELECT d.domain FROM project_domains d WHERE d.project_id = p.id ORDER BY d.domain)
            AS domains
 FROM projects p WHERE p.id = $1
@@ -145,3 +145,21 @@ async def replace_domains(conn: asyncpg.Connection, project_id: str, *, added: l
         "INSERT INTO project_domains (domain, project_id) SELECT unnest($1::text[]), $2",
         added, project_id,
     )
+
+
+async def cors_origins(conn: asyncpg.Connection | asyncpg.Pool, project_id: str) -> list[str] | None:
+    """The project's ``cors_origins``; None for an unknown project."""
+    found: list[str] | None = await conn.fetchval(
+        "SELECT cors_origins FROM projects WHERE id = $1", project_id)
+    return found
+
+
+async def project_of_domain(conn: asyncpg.Connection | asyncpg.Pool, host: str) -> str | None:
+    """The project that configured ``host`` as one of its domains, if any."""
+    found: str | None = await conn.fetchval(
+        "SELECT project_id FROM project_domains WHERE domain = $1", host)
+    return found
+
+
+async def set_cors_origins(conn: asyncpg.Connection, project_id: str, origins: list[str]) -> None:
+    await conn.execute("UPDATE projects SET cors_origins = $2 WHERE id = $1", project_id, origins)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Final, Literal
 
-from pydantic import AfterValidator, Field, WithJsonSchema, field_validator
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema, field_validator
 
 from common.access_tokens import Alg
 from common.auth import SCOPES
@@ -75,8 +75,9 @@ class NewApiKey(ApiKey):
 @dataclass(frozen=True, slots=True)
 class Project:
     """The calling key's project: its token settings (``signing_alg``), the ``domains`` that
-    name it on public endpoints, sorted, and its passkey relying party (``webauthn``; null
-    while passkeys are not configured)."""
+    name it on public endpoints, sorted, the ``cors_origins`` whose pages may call its public
+    endpoints besides ``webauthn.origins`` (sorted; DESIGN.md "the browser (CORS)"), and its
+    passkey relying party (``webauthn``; null while passkeys are not configured)."""
 
     id: str
     name: str
@@ -85,6 +86,7 @@ class Project:
     created_at: datetime
     signing_alg: Alg
     domains: list[str]
+    cors_origins: list[str]
     webauthn: WebAuthnSettings | None
 
 
@@ -126,14 +128,57 @@ Domain = Annotated[str, WithJsonSchema({
                    "case and a trailing dot do not matter."})]
 
 
+# --- CORS origins (DESIGN.md "the browser (CORS)") ---------------------------------------------
+
+MAX_CORS_ORIGINS: Final = 50
+_HOST_LABEL: Final = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME: Final = f"{_HOST_LABEL}(?:\\.{_HOST_LABEL})*"
+_OCTET: Final = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_LOOPBACK: Final = f"(?:localhost|{_HOST_NAME}\\.localhost|127(?:\\.{_OCTET}){{3}}|\\[::1\\])"
+_ORIGIN_PORT: Final = ("(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}"
+                       "|655[0-2][0-9]|6553[0-5])")
+CORS_ORIGIN_PATTERN: Final = (f"^(?:https://(?:{_HOST_NAME}|\\[::1\\])|http://{_LOOPBACK})"
+                              f"(?::{_ORIGIN_PORT})?/?$")
+"""An origin as a browser sends it in ``Origin``: ``https://host[:port]``, or ``http://`` for a
+loopback host only (``localhost``, a ``*.localhost`` name, ``127.x.x.x``, ``[::1]``), which
+browsers treat as secure contexts (W3C Secure Contexts 3.1). No wildcard, user, path (a lone
+trailing ``/`` is dropped), query or fragment; a host name's case does not matter."""
+_DEFAULT_PORTS: Final = {"https": ":443", "http": ":80"}
+
+
+def normalize_origin(value: str) -> str:
+    """``value`` (matching :data:`CORS_ORIGIN_PATTERN`) as browsers serialize an origin (HTML
+    "ASCII serialization of an origin"): lower case, no trailing ``/``, no default port."""
+    text = value.lower().removesuffix("/")
+    scheme = text.partition(":")[0]
+    return text.removesuffix(_DEFAULT_PORTS[scheme])
+
+
+CorsOrigin = Annotated[
+    str, StringConstraints(max_length=300, pattern=CORS_ORIGIN_PATTERN),
+    AfterValidator(normalize_origin),
+    WithJsonSchema({"type": "string", "maxLength": 300, "pattern": CORS_ORIGIN_PATTERN,
+                    "description": "An origin, exactly scheme://host[:port]: https, or http for a "
+                                   "loopback host (localhost, *.localhost, 127.0.0.0/8, [::1]); "
+                                   "no wildcard, path, query or fragment."})]
+
+
 class PatchProject(RequestModel):
     """``signing_alg`` (a change rotates to a key of that algorithm at once), ``domains``
-    (host names; replaces the set; a domain belongs to one project only) and ``webauthn`` (the
-    passkey relying party; replaces it; ``null`` turns passkeys off)."""
+    (host names; replaces the set; a domain belongs to one project only), ``cors_origins``
+    (origins whose pages may call the public endpoints with credentials, besides
+    ``webauthn.origins``; replaces the set; DESIGN.md "the browser (CORS)") and ``webauthn``
+    (the passkey relying party; replaces it; ``null`` turns passkeys off)."""
 
     signing_alg: Alg | None = None
     domains: Annotated[list[Domain], Field(max_length=MAX_DOMAINS)] | None = None
+    cors_origins: Annotated[list[CorsOrigin], Field(max_length=MAX_CORS_ORIGINS)] | None = None
     webauthn: WebAuthnConfig | None = None
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _cors_origins(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else sorted(set(v))
 
     @field_validator("domains")
     @classmethod

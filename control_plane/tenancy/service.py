@@ -204,10 +204,12 @@ async def update_project(
     body: PatchProject,
 ) -> dict[str, Any]:
     """Apply ``body`` to the actor's project in one transaction: replace its domain set, change
-    ``signing_alg`` (rotating to a key of the new algorithm, ``signing_key.rotated``), and record
+    ``signing_alg`` (rotating to a key of the new algorithm, ``signing_key.rotated``), replace
+    its ``cors_origins``, and record
     ``project.updated`` with what changed (nothing changed: no event), set the passkey relying
     party (``webauthn``). Returns the changes (``domains: {added, removed}``,
-    ``signing_alg: {from, to, kid}``, ``webauthn: {from, to}``).
+    ``signing_alg: {from, to, kid}``, ``cors_origins: {added, removed}``, ``webauthn: {from,
+    to}``).
 
     Raises DomainInUse (409) when another project has one of the domains.
     """
@@ -235,6 +237,13 @@ async def update_project(
                 alg=body.signing_alg, reason="signing_alg_changed",
             )
             changes["signing_alg"] = {"from": current, "to": body.signing_alg, "kid": key.kid}
+        if body.cors_origins is not None:
+            before = await repository.cors_origins(conn, project_id) or []
+            if before != body.cors_origins:
+                await repository.set_cors_origins(conn, project_id, body.cors_origins)
+                changes["cors_origins"] = {
+                    "added": sorted(set(body.cors_origins) - set(before)),
+                    "removed": sorted(set(before) - set(body.cors_origins))}
         if "webauthn" in body.model_fields_set:  # null: passkeys off
             changed = await passkeys.configure(conn, actor, config=body.webauthn)
             if changed is not None:
@@ -252,3 +261,20 @@ async def update_project(
 def _in_use(domains: list[str]) -> DomainInUse:
     return DomainInUse(f"Another project already uses {', '.join(domains)}.",
                        details={"domains": domains})
+
+
+async def allowed_origins(conn: asyncpg.Connection | asyncpg.Pool,
+                          project_id: str) -> frozenset[str]:
+    """The origins whose pages may call ``project_id``'s public endpoints from a browser
+    (DESIGN.md "the browser (CORS)"): its ``cors_origins`` and its relying party's ``origins``.
+    Empty for an unknown project."""
+    cors = await repository.cors_origins(conn, project_id)
+    if cors is None:
+        return frozenset()
+    rp = await passkeys.relying_party(conn, project_id)
+    return frozenset(cors) | frozenset(rp.origins if rp is not None else ())
+
+
+async def project_of_host(conn: asyncpg.Connection | asyncpg.Pool, host: str) -> str | None:
+    """The project that named ``host`` (lower case, no port) among its ``domains``, if any."""
+    return await repository.project_of_domain(conn, host)
