@@ -13,7 +13,7 @@ DEVTOOLS = $(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m devtools
 .PHONY: run run-split test lint openapi lock stop clean-run
 
 # One line per step; a failed step stops with a message (devtools/bootstrap.sh).
-$(VENV)/.installed: pyproject.toml constraints.txt
+$(VENV)/.installed: pyproject.toml constraints.txt clients/python/pyproject.toml
 	@bash devtools/bootstrap.sh '$(PYTHON)' '$(VENV)'
 
 # Re-resolve the newest versions pyproject.toml allows and record them in constraints.txt.

@@ -66,9 +66,9 @@ step "upgrading pip in $venv"
   fail "upgrading pip in $venv to 25 or newer: is the package index reachable? (pip's messages above;
   PIP_INDEX_URL sets a mirror)"
 
-step "installing authio and its development dependencies into $venv (versions from constraints.txt; a minute or two the first time)"
+step "installing authio, its Python client (clients/python) and their development dependencies into $venv (versions from constraints.txt; a minute or two the first time)"
 began=$SECONDS
-with_heartbeat "installing into $venv" "$venv/bin/python" -m pip install -q -c constraints.txt -e '.[dev]' ||
+with_heartbeat "installing into $venv" "$venv/bin/python" -m pip install -q -c constraints.txt -e '.[dev]' -e './clients/python[starlette,aiohttp]' ||
   fail "installing authio into $venv (see pip's messages above)"
 step "installed into $venv in $((SECONDS - began)) s"
 
