@@ -20,6 +20,10 @@ preflight asks permission for).
   redirects too) carries ``Access-Control-Allow-Origin``, ``Access-Control-Allow-Credentials:
   true``, ``Access-Control-Expose-Headers`` (``X-Request-Id``, ``Retry-After``) and
   ``Vary: Origin``; to any other origin, only ``Vary: Origin``.
+* A call presenting a session token (Bearer, else the ``service_session`` cookie) whose
+  (unverified) ``pid`` is another project's than the one the request names gets no CORS header
+  either: a page allowed by project A never reads the answer to a session of project B (a
+  cookie a same-site page's call carries along, say).
 * Management routes get no ``OPTIONS`` route (405 as before) and no CORS header ever.
 
 The allowed origins of a project (and the project of a host) are cached per process for
@@ -38,6 +42,7 @@ from typing import Final, TypeVar
 
 from aiohttp import web
 
+from common.access_tokens import SESSION_COOKIE, unverified_pid
 from common.appkeys import PG_POOL
 from common.errors import Forbidden
 from common.http import REFUSAL_HEADERS, Handler
@@ -79,9 +84,15 @@ class OriginCache:
 
     async def allowed(self, request: web.Request) -> frozenset[str]:
         """The origins ``request``'s project allows (empty when it names none, or no project
-        exists by that name). Raises what the pool raises (an outage: 503 as any call)."""
+        exists by that name, or the session token it presents is another project's). Raises
+        what the pool raises (an outage: 503 as any call)."""
         project_id = await self._project(request)
         if project_id is None:
+            return frozenset()
+        token = _presented_token(request)
+        if token is not None and unverified_pid(token) not in (None, project_id):
+            # A session of another project (the cookie of a same-site page, say): that
+            # project's answer is not for this project's origins to read.
             return frozenset()
         now = self._clock()
         hit = self._origins.get(project_id)
@@ -110,6 +121,15 @@ class OriginCache:
         """Drop what is kept of ``project_id`` and every host (its domains may have changed)."""
         self._origins.pop(project_id, None)
         self._hosts.clear()
+
+
+def _presented_token(request: web.Request) -> str | None:
+    """The session token the call presents, as ``web.auth`` reads it: Bearer, else the
+    ``service_session`` cookie (None: none)."""
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.cookies.get(SESSION_COOKIE) or None
 
 
 def _put(cache: dict[_K, _V], key: _K, value: _V) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.identity import email
+from tests.fixtures.identity import email, sign_in
 from tests.fixtures.service import Api, Project, Response
 from tests.passkeys.helpers import configure
 
@@ -237,3 +237,21 @@ async def test_the_browser_module_is_served_to_any_page(service: Api) -> None:
     assert b'import "./simplewebauthn-browser.umd.min.js"' in r.raw
     r = await service.get("/v1/browser/simplewebauthn-browser.umd.min.js")
     assert r.status == 200 and r.raw.startswith(b"/* [@simplewebauthn/browser@13.2.2] */")
+
+
+async def test_a_session_of_another_project_is_not_read_by_this_projects_origins(
+        service: Api, project: Project, new_project: Callable[[str], Awaitable[Project]]) -> None:
+    """A page allowed by ``project`` names it, but the call carries a session of ``other`` (its
+    cookie, sent along by a browser on the same site): the answer carries no CORS header, so
+    that page cannot read the other project's session."""
+    other = await new_project("other")
+    await cors_origins(project, [APP])
+    theirs = await sign_in(other, email())
+    ours = await sign_in(project, email())
+    for token, allowed in ((theirs.access_token, False), (ours.access_token, True)):
+        for headers in ({"Cookie": f"service_session={token}"},
+                        {"Authorization": f"Bearer {token}"}):
+            r = await service.get(f"/v1/sessions/me?project_id={project.id}", key=None,
+                                  headers={"Origin": APP, **headers})
+            assert r.status == 200, r.body  # the call is answered; only the page may not read it
+            assert ("Access-Control-Allow-Origin" in r.headers) is allowed, (allowed, headers)
