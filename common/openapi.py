@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+import typing
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, Final
@@ -48,7 +49,7 @@ from common.errors import (
 from common.ids import PATH_IDS, id_pattern
 from common.routing import ErrorBody, Operation, Reply, RequestHeader
 
-__all__ = ["OPENAPI_VERSION", "build_document", "document_json"]
+__all__ = ["OPENAPI_VERSION", "build_document", "document_json", "method_name"]
 
 OPENAPI_VERSION: Final = "3.1.0"
 JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
@@ -118,21 +119,51 @@ NO_NUL_PATTERN: Final = "^[^\\u0000]*$"
 text may hold NUL (``common.http.read_json``, ``common.schemas.parse_query``)."""
 JSON_VALUE_REF: Final = SCHEMA_REF.format(model="JsonValue")
 """A free-form JSON value as requests may carry it (``JsonValue``: no NUL in a string or key)."""
+JSON_OBJECT_REF: Final = SCHEMA_REF.format(model="JsonObject")
+
+JSON_ARRAY_DEPTH: Final = 4
+"""How deep ``JsonValue`` describes arrays held directly in arrays (``[[[[1]]]]`` is 4); the
+innermost level's items are any JSON value. Through objects the description is recursive
+(``JsonObject`` holds ``JsonValue``s): a cycle of schemas passes through an object, so that client
+generators that build a class per object (openapi-python-client, which cannot follow a cycle
+through arrays or unions alone) can read it, while JSON Schema validators read the same rules."""
+
+
+def _json_value_branches(array_depth: int) -> list[dict[str, Any]]:
+    """The ``anyOf`` branches of ``JsonValue`` (or of an array's items, ``array_depth`` levels of
+    arrays more allowed inside): the scalars, ``JsonObject``, and an array."""
+    items: dict[str, Any] = ({"anyOf": _json_value_branches(array_depth - 1)} if array_depth > 1
+                             else {"description": "Any JSON value."})
+    return [
+        {"type": "string", "pattern": NO_NUL_PATTERN},
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"$ref": JSON_OBJECT_REF},
+        {"type": "array", "items": items},
+    ]
+
 
 _JSON_VALUE_SCHEMA: Final[dict[str, Any]] = {
     "title": "JsonValue",
-    "description": "Any JSON value, except that no string or key holds the NUL character.",
-    "anyOf": [
-        {"type": "string", "pattern": NO_NUL_PATTERN},
-        {"type": ["number", "boolean", "null"]},
-        {"type": "array", "items": {"$ref": JSON_VALUE_REF}},
-        {"type": "object", "propertyNames": {"pattern": NO_NUL_PATTERN},
-         "additionalProperties": {"$ref": JSON_VALUE_REF}},
-    ],
+    "description": "Any JSON value, except that no string or key holds the NUL character (the "
+                   "service refuses NUL anywhere in a body). Arrays held directly in arrays are "
+                   f"described {JSON_ARRAY_DEPTH} levels deep, as any JSON value below that.",
+    "anyOf": _json_value_branches(JSON_ARRAY_DEPTH),
+}
+
+_JSON_OBJECT_SCHEMA: Final[dict[str, Any]] = {
+    "title": "JsonObject",
+    "description": "A JSON object whose keys and values hold no NUL character.",
+    "type": "object",
+    "propertyNames": {"pattern": NO_NUL_PATTERN},
+    "additionalProperties": {"$ref": JSON_VALUE_REF},
 }
 
 _BUILTIN_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
     "JsonValue": _JSON_VALUE_SCHEMA,
+    "JsonObject": _JSON_OBJECT_SCHEMA,
     "RequestId": _REQUEST_ID_SCHEMA,
     "ErrorInfo": _ERROR_INFO_SCHEMA,
     "Error": _ERROR_SCHEMA,
@@ -230,6 +261,7 @@ def build_document(
             _add_component(components, op.error_body.name, copy.deepcopy(dict(op.error_body.schema)))
     paths: dict[str, dict[str, Any]] = {}
     shapes: dict[str, str] = {}
+    named: dict[str, tuple[str, str]] = {}
     for op in operations:
         path, path_params = _path_template(op.path)
         shape = re.sub(r"\{[^}]*\}", "{}", path)
@@ -240,10 +272,14 @@ def build_document(
         if method in item:
             raise ValueError(f"{op.method} {path} is declared twice")
         item[method] = _operation(op, path_params, schemas, components)
+        name = item[method]["operationId"]
+        if named.setdefault(name, (op.method, path)) != (op.method, path):
+            raise ValueError(f"{op.method} {path} and {' '.join(named[name])} are both the "
+                             f"operation {name!r} (rename a handler)")
 
     tag_list = [{"name": name, "description": text} if text else {"name": name} for name, text in tags]
-    named = {name for name, _ in tags}
-    tag_list += [{"name": tag} for tag in sorted({op.tag for op in operations} - named)]
+    listed = {name for name, _ in tags}
+    tag_list += [{"name": tag} for tag in sorted({op.tag for op in operations} - listed)]
 
     info: dict[str, Any] = {"title": title, "version": version}
     if description:
@@ -257,7 +293,10 @@ def build_document(
     }
     used = _reachable(paths, components)
     doc["components"] = {
-        "schemas": {name: components[name] for name in sorted(used)},
+        # Each component titled by its name: generators name their classes by title, and two
+        # equal titles (pydantic titles ``Page[User]`` and ``Page[Store]`` both "Page") would
+        # be one class.
+        "schemas": {name: {**components[name], "title": name} for name in sorted(used)},
         "headers": {REQUEST_ID_HEADER: {
             "description": "The request's id, equal to the body's `request_id`; a valid "
                            "`X-Request-Id` sent by the caller is reused.",
@@ -265,7 +304,27 @@ def build_document(
         }},
         "securitySchemes": _SECURITY_SCHEMES,
     }
-    return copy.deepcopy(doc)  # a tree of its own: one schema used twice is two equal dicts
+    # A tree of its own (one schema used twice is two equal dicts), as generators read it.
+    out: dict[str, Any] = _alternatives_in_all_of(copy.deepcopy(doc))
+    return out
+
+
+def _alternatives_in_all_of(value: Any) -> Any:
+    """``value`` with each object schema's ``anyOf``/``oneOf`` beside its ``properties`` (a rule
+    such as "``writes`` or ``deletes``, at least one", ``WriteBody``) moved into its ``allOf``:
+    the same rule to JSON Schema, while client generators that read a schema with ``anyOf`` as
+    a union of its branches would otherwise make a class per branch holding only the
+    properties the branch names (openapi-python-client), and lose the others."""
+    if isinstance(value, dict):
+        out = {key: _alternatives_in_all_of(item) for key, item in value.items()}
+        if "properties" in out and isinstance(out["properties"], dict):
+            moved = [{key: out.pop(key)} for key in ("anyOf", "oneOf") if key in out]
+            if moved:
+                out["allOf"] = [*out.get("allOf", []), *moved]
+        return out
+    if isinstance(value, list):
+        return [_alternatives_in_all_of(item) for item in value]
+    return value
 
 
 def document_json(doc: Mapping[str, Any]) -> bytes:
@@ -329,9 +388,51 @@ def _schemas(operations: Sequence[Operation]) -> tuple[dict[_Key, dict[str, Any]
     inputs = [(key, key[1], TypeAdapter[Any](key[0])) for key in keys]
     by_key, top = TypeAdapter.json_schemas(inputs, ref_template=SCHEMA_REF, schema_generator=_Generator)
     components: dict[str, Any] = dict(top.get("$defs", {}))
+    schemas = {key: schema for (key, _), schema in by_key.items()}
+    renames = _generic_names(components)
+    if renames:
+        components = {renames.get(name, name): _renamed_refs(schema, renames)
+                      for name, schema in components.items()}
+        schemas = {key: _renamed_refs(schema, renames) for key, schema in schemas.items()}
     for name, schema in _BUILTIN_SCHEMAS.items():
         _add_component(components, name, copy.deepcopy(schema))
-    return {key: schema for (key, _), schema in by_key.items()}, components
+    return schemas, components
+
+
+_GENERIC: Final = re.compile(r"(?P<base>[A-Za-z][A-Za-z0-9]*)_(?P<arg>[A-Za-z][A-Za-z0-9]*)_")
+
+
+def _generic_names(components: Mapping[str, Any]) -> dict[str, str]:
+    """New names for pydantic's names of generic types of one argument: ``Page_User_`` (the
+    schema of ``Page[User]``) is ``UserPage``, a name a client generator can make a class of.
+    Raises ValueError when a new name is taken."""
+    renames: dict[str, str] = {}
+    for name in components:
+        match = _GENERIC.fullmatch(name)
+        if match is not None:
+            renames[name] = match["arg"] + match["base"]
+    taken = set(components) - set(renames)
+    clashes = sorted(new for new in renames.values() if new in taken)
+    if clashes or len(set(renames.values())) != len(renames):
+        raise ValueError(f"generic schemas renamed onto names in use: {clashes or renames}")
+    return renames
+
+
+def _renamed_refs(value: Any, renames: Mapping[str, str]) -> Any:
+    """``value`` with each ``$ref`` to a renamed component pointing at its new name."""
+    prefix = SCHEMA_REF.format(model="")
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "$ref" and isinstance(item, str) and item.startswith(prefix):
+                name = item.removeprefix(prefix)
+                out[key] = SCHEMA_REF.format(model=renames.get(name, name))
+            else:
+                out[key] = _renamed_refs(item, renames)
+        return out
+    if isinstance(value, list):
+        return [_renamed_refs(item, renames) for item in value]
+    return value
 
 
 def _add_component(components: dict[str, Any], name: str, schema: dict[str, Any]) -> None:
@@ -448,7 +549,7 @@ def _operation(
                                           "name it.",
                            "schema": {"type": "string"}})
 
-    out: dict[str, Any] = {"operationId": op.operation_id, "tags": [op.tag]}
+    out: dict[str, Any] = {"operationId": method_name(op), "tags": [op.tag]}
     if op.summary:
         out["summary"] = op.summary
     text = "\n\n".join(filter(None, [
@@ -468,6 +569,73 @@ def _operation(
     if op.security:
         out["security"] = _security(op)
     return out
+
+
+_METHOD_VERBS: Final = {"GET": "get", "POST": "post", "PUT": "put", "PATCH": "patch",
+                        "DELETE": "delete"}
+_WRITE_VERBS: Final = {"PUT": "replace", "PATCH": "update", "DELETE": "delete"}
+ACTION_VERBS: Final = frozenset({
+    "approve", "deny", "fulfill", "recover", "refresh", "remove", "replay", "revoke", "rotate",
+    "search", "select", "send", "switch", "verify", "write"})
+"""A word of a POST handler's name, last or last but one (``post_session_refresh``,
+``post_session_select_org``), that is the action the call takes: its operation id begins with
+it (``refresh_session``, ``select_session_org``). A last word ``options`` (the options of a
+WebAuthn ceremony) begins it with ``start`` (``post_passkey_login_options``:
+``start_passkey_login``)."""
+
+
+def _singular(word: str) -> str:
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if word.endswith("s") and not word.endswith("ss"):
+        return word[:-1]
+    return word
+
+
+def method_name(op: Operation) -> str:
+    """The ``operationId`` of ``op``: the name of the method a generated client calls.
+
+    An operation id declared on the route (one that is not its handler's name, as
+    ``engine.edge`` declares them) is kept. Otherwise it is the handler's name, named after
+    the HTTP method (``get_users``), read as what the call does: a GET of a list (a JSON reply
+    with a ``next_cursor``) is ``list_users``, a POST answering 201 on a collection is
+    ``create_user`` (the last word singular), a POST whose last word is one of
+    :data:`ACTION_VERBS` puts it first (``post_session_refresh``: ``refresh_session``), PATCH is
+    ``update_``, PUT ``replace_`` and DELETE ``delete_``. A handler named otherwise
+    (``batch_check``) keeps its name. Stable: it changes only when the handler's name or the
+    route does. :func:`build_document` raises ValueError when two are equal.
+    """
+    name = op.operation_id
+    if name != getattr(op.handler, "__name__", name):
+        return name
+    prefix = _METHOD_VERBS[op.method] + "_"
+    if not name.startswith(prefix):
+        return name
+    rest = name.removeprefix(prefix)
+    words = rest.split("_")
+    if op.method == "GET":
+        return ("list_" if _is_listing(op) else "get_") + rest
+    if op.method != "POST":
+        return f"{_WRITE_VERBS[op.method]}_{rest}"
+    if len(words) > 1 and words[-1] in ACTION_VERBS:
+        return "_".join([words[-1], *words[:-1]])
+    if len(words) > 2 and words[-2] in ACTION_VERBS:
+        return "_".join([words[-2], *words[:-2], words[-1]])
+    if len(words) > 1 and words[-1] == "options":
+        return "_".join(["start", *words[:-1]])
+    if any(reply.status == 201 for reply in op.replies) and not op.path.endswith("}"):
+        return "create_" + "_".join([*words[:-1], _singular(words[-1])])
+    return name
+
+
+def _is_listing(op: Operation) -> bool:
+    """Whether ``op`` answers a page of a listing (a JSON reply with ``next_cursor``)."""
+    for reply in op.replies:
+        cls = typing.get_origin(reply.schema) or reply.schema  # Page[User]: Page
+        fields = getattr(cls, "__dataclass_fields__", None) or getattr(cls, "model_fields", None) or {}
+        if "next_cursor" in fields:
+            return True
+    return False
 
 
 def _query_parameters(schema: Mapping[str, Any], components: Mapping[str, Any]) -> Iterator[dict[str, Any]]:

@@ -84,7 +84,9 @@ class Operation:
     """One route: ``method`` and ``path`` (aiohttp's template, ``{name}`` for path parameters)
     served by ``handler``, and what the document says of it.
 
-    * ``operation_id``: unique across the service (the handler's name, which is unique).
+    * ``operation_id``: unique across the service: the handler's name (which is unique), from
+      which the document derives the method name a client calls (``common.openapi.method_name``:
+      ``post_users`` is ``create_user``), or a method name declared on the route, kept as it is.
     * ``security``: the ways to authenticate, any one of which is enough; empty for a public
       route. ``scopes``: the API-key scopes of which the key needs one (empty: any key).
     * ``project``: a public route that names its project (``project_id`` query parameter,
@@ -157,14 +159,15 @@ class RouteTable:
         self, method: str, path: str, *, replies: Iterable[Reply], **doc: Any,
     ) -> Callable[[Handler], Handler]:
         """Decorator adding a plain aiohttp handler as an :class:`Operation` (summary and
-        description from its docstring unless given); returns the handler unchanged."""
+        description from its docstring unless given; ``operation_id`` the handler's name unless
+        given); returns the handler unchanged."""
 
         def register(handler: Handler) -> Handler:
             summary, description = summary_of(handler)
             doc.setdefault("summary", summary)
             doc.setdefault("description", description)
-            self.add(Operation(method=method, path=path, handler=handler,
-                               operation_id=handler.__name__, tag=self.tag,
+            doc.setdefault("operation_id", handler.__name__)
+            self.add(Operation(method=method, path=path, handler=handler, tag=self.tag,
                                replies=tuple(replies), **doc))
             return handler
 

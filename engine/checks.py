@@ -312,8 +312,8 @@ def _item_error(err: ServiceError) -> dict[str, Any]:
 # -- handlers ----------------------------------------------------------------------------------
 
 
-@routes.route("POST", "/v1/stores/{store_id}/check", security=("api_key",), scopes=(SCOPE,),
-              body=CheckRequest, errors=(*_ERRORS, ResolutionTooComplex),
+@routes.route("POST", "/v1/stores/{store_id}/check", operation_id="check_permission",
+              security=("api_key",), scopes=(SCOPE,), body=CheckRequest, errors=(*_ERRORS, ResolutionTooComplex),
               replies=[Reply(200, "The answer, and how it was reached.", CheckResult,
                              headers={STALE_HEADER: _STALE_TEXT})])
 async def check(request: web.Request) -> web.Response:

@@ -149,7 +149,11 @@ def _text(max_length: int = MAX_TEXT, **extra: Any) -> dict[str, Any]:
     return {"type": "string", "pattern": NO_NUL_PATTERN, "maxLength": max_length, **extra}
 
 
-_SCIM_BOOL: Final = {"anyOf": [{"type": "boolean"}, {"enum": ["True", "False", "true", "false"]},
+_SCIM_BOOL: Final = {"anyOf": [{"type": "boolean"},
+                               # x-enum-varnames: names for client generators, which would make
+                               # both "True" and "true" the member TRUE (openapi-python-client).
+                               {"enum": ["True", "False", "true", "false"],
+                                "x-enum-varnames": ["TITLE_TRUE", "TITLE_FALSE", "TRUE", "FALSE"]},
                                {"type": "null"}],
                      "description": "A boolean; the strings `\"True\"` and `\"False\"` too "
                                     "(as Microsoft Entra ID sends them)."}
@@ -185,7 +189,10 @@ USER_BODY: Final[dict[str, Any]] = {
         "externalId": {"anyOf": [_text(), {"type": "null"}]},
         "displayName": _OPTIONAL_TEXT,
         "active": _SCIM_BOOL,
-        "emails": {"type": "array", "items": _EMAIL, "minItems": 1},
+        "emails": {"type": "array", "items": _EMAIL, "minItems": 1,
+                   # RFC 7643 2.4: at most one of them primary (scim2-models refuses two).
+                   "not": {"contains": {"type": "object", "required": ["primary"], "properties": {
+                       "primary": {"enum": [True, "True", "true"]}}}, "minContains": 2}},
         "name": {"anyOf": [{"type": "object", "properties": {
             name: _OPTIONAL_TEXT for name in ("formatted", "familyName", "givenName",
                                               "middleName", "honorificPrefix",

@@ -28,7 +28,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
-from pydantic import Field
+from pydantic import ConfigDict, Field
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 from schemathesis import APIOperation
@@ -710,3 +710,65 @@ def test_schemathesis_finds_the_responses_conforming(doc: dict[str, Any], live_u
             case.validate_response(response, checks=CHECKS)
 
         fuzz()
+
+
+# --- what client generators read (issue 25) -----------------------------------------------------
+
+
+def _named_op(method: str, path: str, name: str, *replies: Reply) -> Operation:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response()
+    handler.__name__ = name
+    return Operation(method=method, path=path, handler=handler, operation_id=name, tag="t",
+                     summary=name, replies=replies or (Reply(200, "ok", Organization),))
+
+
+@dataclass
+class Listed:
+    id: str
+
+
+def test_operation_ids_are_method_names_derived_from_handlers() -> None:
+    page = Reply(200, "A page.", Page[Listed])
+    created = Reply(201, "Made.", Listed)
+    ops = [_named_op("GET", "/things", "get_things", page),
+           _named_op("POST", "/things", "post_things", created),
+           _named_op("GET", "/things/{thing_id}", "get_thing"),
+           _named_op("PATCH", "/things/{thing_id}", "patch_thing"),
+           _named_op("PUT", "/things/{thing_id}/policy", "put_thing_policy"),
+           _named_op("DELETE", "/things/{thing_id}", "delete_thing"),
+           _named_op("POST", "/things/{thing_id}/revoke", "post_thing_revoke"),
+           _named_op("POST", "/things/{thing_id}/rotate-secret", "post_thing_rotate_secret"),
+           _named_op("POST", "/login/options", "post_login_options"),
+           _named_op("POST", "/device/code", "post_device_code"),
+           _named_op("POST", "/check", "batch_check")]
+    doc = build(ops)
+    ids = [op["operationId"] for item in doc["paths"].values() for op in item.values()]
+    assert ids == ["list_things", "create_thing", "get_thing", "update_thing", "delete_thing",
+                   "replace_thing_policy", "revoke_thing", "rotate_thing_secret", "start_login",
+                   "post_device_code", "batch_check"]
+    # A page's schema is named after what it lists, and titled by its name.
+    assert doc["components"]["schemas"]["ListedPage"]["title"] == "ListedPage"
+
+
+def test_two_operations_of_one_method_name_raise() -> None:
+    with pytest.raises(ValueError, match="both the operation 'create_thing'"):
+        build([_named_op("POST", "/things", "post_things", Reply(201, "Made.", Listed)),
+               _named_op("POST", "/thing", "post_thing", Reply(201, "Made.", Listed))])
+
+
+def test_alternatives_beside_properties_are_moved_into_all_of() -> None:
+    """A rule "one of these properties at least" stays one class to a generator (which would
+    make a class of each ``anyOf`` branch, holding only the properties the branch names)."""
+
+    class Either(RequestModel):
+        model_config = ConfigDict(json_schema_extra={"anyOf": [{"required": ["a"]},
+                                                               {"required": ["b"]}]})
+        a: int | None = None
+        b: int | None = None
+
+    op = Operation(method="POST", path="/e", handler=landing, operation_id="e", tag="t",
+                   summary="e", body=Either, replies=(Reply(204, "Done.", content_type=None),))
+    either = build([op])["components"]["schemas"]["Either"]
+    assert "anyOf" not in either and set(either["properties"]) == {"a", "b"}
+    assert either["allOf"] == [{"anyOf": [{"required": ["a"]}, {"required": ["b"]}]}]
