@@ -40,15 +40,24 @@ __all__ = ["AuditUser", "BatchCheckUser", "ForwardAuthUser", "MagicLinkUser", "M
            "PasskeyUser", "SingleCheckUser", "WebhookFanoutUser"]
 
 
+def _runs(cls: Any, tags: set[str] | None, exclude: set[str] | None) -> bool:
+    """Whether ``cls`` keeps a task under ``--tags``/``--exclude-tags`` (locust's rule)."""
+    for t in cls.tasks:
+        marks = getattr(t, "locust_tag_set", set())
+        if (tags is None or marks & tags) and not (exclude and marks & exclude):
+            return True
+    return False
+
+
 @events.init.add_listener
 def _drop_untagged_classes(environment: Any, **_: Any) -> None:
     """With ``--tags``/``--exclude-tags``, keep only the classes that still have a task."""
     options = environment.parsed_options
-    if options is None or not (getattr(options, "tags", None)
-                               or getattr(options, "exclude_tags", None)):
+    tags = set(getattr(options, "tags", None) or []) or None
+    exclude = set(getattr(options, "exclude_tags", None) or []) or None
+    if tags is None and exclude is None:
         return
-    environment._filter_tasks_by_tags()  # what the runner does at start; done once
-    kept = [cls for cls in environment.user_classes if cls.tasks]
+    kept = [cls for cls in environment.user_classes if _runs(cls, tags, exclude)]
     if not kept:
-        raise SystemExit(f"no scenario has a task tagged {options.tags}")
+        raise SystemExit(f"no scenario has a task tagged {sorted(tags or [])}")
     environment.user_classes[:] = kept

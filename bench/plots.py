@@ -7,7 +7,8 @@
 
 * ``history``: latency percentiles over time (p50, p95, p99 of locust's last 10 s, ms, log
   scale) and requests/s, from locust's ``--csv`` history (``<prefix>_stats_history.csv``, its
-  ``Aggregated`` rows, one a second).
+  ``Aggregated`` rows, one a second). Run locust with ``--csv-full-history``: without it the
+  history's percentiles are the whole run's so far, not the last 10 s.
 * ``steps``: throughput against simulated users (closed loop: users are connections) with p50,
   p95 and p99 at each step, from ``bench/soak.py``'s ``soak-steps.json`` (``{"steps": [{"users",
   "rps", "p50_ms", "p95_ms", "p99_ms"}]}``), or ``--locust PREFIX,...`` step runs' CSVs.
@@ -31,6 +32,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib import ticker
 
 DPI = 90  # small PNGs: these are committed
 
@@ -62,6 +64,8 @@ def history_figure(history_csv: Path, out: Path, title: str | None = None) -> Pa
     for col, style in (("50%", "-"), ("95%", "--"), ("99%", ":")):
         ax1.plot(t, [_num(r[col]) for r in rows], style, label=f"p{col[:-1]}")
     ax1.set_yscale("log")
+    ax1.yaxis.set_major_formatter(ticker.ScalarFormatter())
+    ax1.yaxis.set_minor_formatter(ticker.NullFormatter())
     ax1.set_ylabel("latency, ms (last 10 s)")
     ax1.legend(loc="upper left")
     ax1.grid(True, which="both", alpha=0.3)

@@ -7,13 +7,16 @@
         --bootstrap-token TOKEN                            # against a running service
 
 1. **The service.** Without ``--host`` it starts ``authio serve`` (both apps in one process,
-   as ``make run`` does) on a free port, on its own database ``authio_bench_locust`` (created
-   and migrated when missing, on the server of ``--database-url``, default ``$DATABASE_URL`` or
-   the local one) and Redis prefix, with ``OTEL_EXPORTER=none``, ``SERVICE_LOG_LEVEL=WARNING``,
+   as ``make run`` does) on a free port, on its own database ``authio_bench_locust`` (dropped,
+   created anew and migrated, so every soak starts from the same empty log, on the server of
+   ``--database-url``, default ``$DATABASE_URL`` or the local one) and Redis prefix, with
+   ``OTEL_EXPORTER=none``, ``SERVICE_LOG_LEVEL=WARNING``,
    the console sink's printing sent to /dev/null (its mailbox still serves the links),
    ``SERVICE_TRUSTED_PROXIES=127.0.0.1`` and ``SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS=true`` (see
    ``bench/locust_setup.py``); stopped at the end. With ``--host``, ``--server-pid`` names the
-   process whose memory is watched (its children count too).
+   process whose memory is watched (its children count too). No other service may run on that
+   database: with the same key-encryption key its outbox worker delivers this one's sign-in
+   links into its own mailbox; with another, it claims them and fails to open them.
 2. **Set-up**: ``bench/locust_setup.py`` (a new project by the bootstrap token, the small
    dataset in a store, the passkey relying party, the probes); its state file (with the key) is
    ``bench/data/soak-state.json``.
@@ -29,7 +32,8 @@
    server, of locust, of PostgreSQL's backends of the bench database, and of everything else on
    the machine (``/proc/stat``'s busy time less those: other people's work on a shared box),
    and locust's requests/s, p50/p99 of the last 10 s and failures so far
-   (its ``--csv`` history, written every second).
+   (its ``--csv`` history, written every second; ``--csv-full-history``, without which locust
+   writes the run's cumulative percentiles there, not the last 10 s).
 5. **Outputs** in ``--out`` (default ``bench/results``): ``soak.csv`` (one row per sample),
    ``soak.png`` (``bench/plots.py``), ``soak.html`` and ``soak_stats*.csv`` (locust's),
    ``soak-steps.json`` and ``soak-steps.png`` (throughput and latency against users),
@@ -120,7 +124,7 @@ def free_port() -> int:
 
 def start_service(database_url: str, redis_url: str, log_path: Path) -> Service:
     """``authio serve`` on a free port on the bench database, ready (``/readyz``)."""
-    asyncio.run(ensure_database(database_url, DB, recreate=False))
+    asyncio.run(ensure_database(database_url, DB, recreate=True))  # fresh: the same start each run
     db_url = with_db(database_url, DB)
     migrate(db_url)
     port = free_port()
@@ -244,7 +248,7 @@ def run_locust(prefix: Path, users: int, seconds: float, env: dict[str, str], ho
                html: Path | None = None) -> subprocess.Popen[bytes]:
     cmd = [LOCUST, "-f", str(BENCH / "locustfile.py"), "--headless", "-u", str(users), "-r",
            str(users), "-t", f"{int(seconds)}s", "--host", host, "--tags", "mixed",
-           "--csv", str(prefix), "--only-summary", "--loglevel", "WARNING"]
+           "--csv", str(prefix), "--csv-full-history", "--only-summary", "--loglevel", "WARNING"]
     if html is not None:
         cmd += ["--html", str(html)]
     out = open(f"{prefix}.log", "wb")  # locust's output for its whole run
