@@ -1,19 +1,25 @@
 """CORS on the public routes, through HTTP as a browser sends it (DESIGN.md "the browser
 (CORS)"): the project's origins (``cors_origins`` and ``webauthn.origins``) and their validation,
 preflights allowed and refused, actual answers (errors too), another project's origin, the
-project named by the request's host, management routes that never answer CORS, and a change
-followed at once by the process that served it."""
+project named by the request's host, management routes that never answer CORS, a session of
+another project, and a change followed at once by the process that served it and within the
+cache's bound by another."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from aiohttp import ClientSession
 
+from common.settings import Settings
+from control_plane.tenancy.cors import CACHE_SECONDS
 from tests.fixtures.identity import email, sign_in
-from tests.fixtures.service import Api, Project, Response
+from tests.fixtures.service import Api, Project, Response, combined_app, serving
 from tests.passkeys.helpers import configure
 
 APP = "https://app.example.com"
@@ -255,3 +261,22 @@ async def test_a_session_of_another_project_is_not_read_by_this_projects_origins
                                   headers={"Origin": APP, **headers})
             assert r.status == 200, r.body  # the call is answered; only the page may not read it
             assert ("Access-Control-Allow-Origin" in r.headers) is allowed, (allowed, headers)
+
+
+async def test_another_process_follows_a_change_within_the_cache_bound(
+        service: Api, project: Project, settings_factory: Callable[..., Settings],
+        http: ClientSession) -> None:
+    """Two processes of one deployment: the one that served the ``PATCH`` follows at once, the
+    other keeps what it read for at most ``CACHE_SECONDS`` (10 s)."""
+    await cors_origins(project, [APP])
+    path = f"{LOGIN_OPTIONS}?project_id={project.id}"
+    async with serving(http, combined_app(settings_factory())) as second:
+        assert_preflight_allowed(await preflight(second, path, APP), APP)  # read and kept
+        await cors_origins(project, [])
+        changed = time.monotonic()
+        assert (await preflight(service, path, APP)).status == 403  # this process: at once
+        assert (await preflight(second, path, APP)).status == 204  # the other: still kept
+        while (await preflight(second, path, APP)).status != 403:
+            assert time.monotonic() - changed < CACHE_SECONDS + 2, "not followed in time"
+            await asyncio.sleep(0.25)
+        assert aca(await preflight(second, path, APP)) == {}
