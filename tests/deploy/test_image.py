@@ -295,27 +295,7 @@ def wait_for(url: str, want: int, within: float = 60.0) -> None:
         time.sleep(0.2)
 
 
-def _browser_module_packaged() -> bool:
-    """Whether the wheel carries ``control_plane/web/static/`` (``authio.js``, which the control
-    plane reads as it starts): pyproject.toml's package-data must list it."""
-    import tomllib
-
-    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    return "web/static/*" in data["tool"]["setuptools"]["package-data"]["control_plane"]
-
-
-CONTROL_PLANE_UNPACKAGED = pytest.mark.xfail(
-    not _browser_module_packaged(), strict=True, raises=pytest.fail.Exception,
-    reason="the wheel lacks control_plane/web/static/ (pyproject.toml's package-data does not "
-           "list it), so the image's control plane cannot start: FileNotFoundError for "
-           "control_plane/web/static/authio.js")
-"""Found by this test: the runs from the source tree (make run, the other tests) read the file
-from the repository, only an installed wheel lacks it. Holds until pyproject.toml lists
-``web/static/*``, then the test runs as any other (strict: it must fail until then)."""
-
-
-@pytest.mark.parametrize("target", ["engine", pytest.param(
-    "control-plane", marks=CONTROL_PLANE_UNPACKAGED)])
+@pytest.mark.parametrize("target", ["engine", "control-plane"])
 def test_each_service_serves_its_port_and_the_health_check_sees_it(
         container: str, migrated_by_the_image: tuple[str, str], target: str) -> None:
     url, _ = migrated_by_the_image
