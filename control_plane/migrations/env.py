@@ -3,7 +3,8 @@
 The URL comes from the ``sqlalchemy.url`` option set by ``control_plane.migrate``, and the
 connections from ``asyncpg.connect`` of the service's own ``DATABASE_URL`` (``attributes["dsn"]``)
 so that its TLS parameters (``sslmode``, ``sslrootcert``, ...) hold here too. Migrations are
-plain SQL (``op.execute``); there are no ORM models.
+plain SQL (``op.execute``); there are no ORM models. Concurrent runs on one database are
+serialized by a session advisory lock (:data:`MIGRATION_LOCK`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from sqlalchemy.ext.asyncio import async_engine_from_config
 config = context.config
 
 
+MIGRATION_LOCK = 0x617574680069  # "auth\0i": pg_advisory_lock's key, this database's migrator
+
+
 def _run(connection: Connection) -> None:
+    # One migrator at a time per database (a Kubernetes Job retried while its first pod still
+    # runs, two operators, a rollout's hook racing a manual run): a session lock held until the
+    # connection closes, taken before alembic reads the current revision, so the second waits and
+    # then finds nothing left to apply instead of failing on a table the first just created.
+    connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK})")
+    connection.commit()
     context.configure(connection=connection, target_metadata=None, transaction_per_migration=True)
     with context.begin_transaction():
         context.run_migrations()
