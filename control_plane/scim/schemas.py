@@ -189,10 +189,7 @@ USER_BODY: Final[dict[str, Any]] = {
         "externalId": {"anyOf": [_text(), {"type": "null"}]},
         "displayName": _OPTIONAL_TEXT,
         "active": _SCIM_BOOL,
-        "emails": {"type": "array", "items": _EMAIL, "minItems": 1,
-                   # RFC 7643 2.4: at most one of them primary (scim2-models refuses two).
-                   "not": {"contains": {"type": "object", "required": ["primary"], "properties": {
-                       "primary": {"enum": [True, "True", "true"]}}}, "minContains": 2}},
+        "emails": {"type": "array", "items": _EMAIL, "minItems": 1},
         "name": {"anyOf": [{"type": "object", "properties": {
             name: _OPTIONAL_TEXT for name in ("formatted", "familyName", "givenName",
                                               "middleName", "honorificPrefix",
