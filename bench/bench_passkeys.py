@@ -1,5 +1,5 @@
 """Passkey login throughput of the control plane (issue 11): logins per second with the software
-authenticator of the tests (tests/fixtures/webauthn.py) as the browser.
+authenticator of the tests and the bench (devtools/webauthn.py) as the browser.
 
     .venv/bin/python bench/bench_passkeys.py                  # ~1 min, 2 server processes
     .venv/bin/python bench/bench_passkeys.py --concurrency 16,64 --duration 15 --json /tmp/pk.json
@@ -69,7 +69,7 @@ from bench_identity import (  # noqa: E402
 from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
 
 from common.ids import new_id  # noqa: E402
-from tests.fixtures.webauthn import AAGUID, Credential, SoftAuthenticator, cose_key  # noqa: E402
+from devtools.webauthn import AAGUID, Credential, SoftAuthenticator, cose_key  # noqa: E402
 
 BENCH_DB: Final = "authio_bench"
 RP_ID: Final = "localhost"

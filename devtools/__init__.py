@@ -2,7 +2,8 @@
 
 ``make run`` and ``make test`` use it (``python -m devtools ensure|exec|stop|...``, see
 :mod:`devtools.services`); the test suite uses it for private servers it stops and starts and for
-installing Debian packages (:func:`apt_install`).
+installing Debian packages (:func:`apt_install`). :mod:`devtools.webauthn` is the software
+WebAuthn authenticator the tests and the bench share.
 
 The services never import this package: ``common``, ``engine`` and ``control_plane`` run
 without it, and it is not part of the ``authio`` distribution (pyproject.toml packages only the

@@ -1,5 +1,5 @@
 """Passkey login (WebAuthn), usernameless, with a software authenticator as the browser
-(``scenarios.authenticator``).
+(:mod:`devtools.webauthn`, shared with the tests).
 
 Set-up of each simulated user, through the service's own surface: a magic-link sign-in
 (``scenarios.signin``), then ``POST /v1/auth/passkey/register/options`` and
@@ -25,8 +25,8 @@ import orjson
 from locust import FastHttpUser, tag, task
 from locust.contrib.fasthttp import FastHttpSession
 
+from devtools.webauthn import Credential, SoftAuthenticator
 from scenarios import common
-from scenarios.authenticator import Credential, SoftAuthenticator
 from scenarios.signin import MagicLinkFlow
 
 
@@ -55,7 +55,8 @@ class PasskeyFlow:
             options = common.expect(resp, 200, "challenge", "rp", "user")
             if options is None:
                 return None
-        credential, response = self.authenticator.create(options)
+        response = self.authenticator.create(options)
+        credential = self.authenticator.credentials[-1]
         with self.client.post("/v1/auth/passkey/register/verify", data=orjson.dumps(response),
                               headers=headers, catch_response=True,
                               name="POST /v1/auth/passkey/register/verify (set-up)") as resp:
@@ -81,7 +82,7 @@ class PasskeyFlow:
             options = common.expect(resp, 200, "challenge", "rpId")
             if options is None:
                 return
-        assertion = self.authenticator.get(options, credential)
+        assertion = self.authenticator.get(options, credential=credential)
         with self.client.post(f"/v1/auth/passkey/login/verify{query}",
                               data=orjson.dumps(assertion), headers=headers,
                               name="POST /v1/auth/passkey/login/verify",
