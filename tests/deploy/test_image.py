@@ -41,14 +41,13 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from control_plane.migrate import alembic_config
 from devtools import DevServicesError
-from tests.fixtures.database import DEFAULT_PG
+from tests.fixtures.database import DEFAULT_PG, created_database
 from tests.fixtures.installs import debian_packages, tell
 from tests.fixtures.redis import DEFAULT_REDIS
 from tests.fixtures.service import ROOT, free_ports
@@ -57,11 +56,6 @@ BUILDAH = ["buildah", "--storage-driver", "vfs"]
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 BUILD_TIMEOUT_S = 900
 KMS_KEY = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8="  # 32 bytes, base64
-
-
-def database(server_url: str, name: str) -> str:
-    """``server_url`` with the database ``name``."""
-    return urlunsplit(urlsplit(server_url)._replace(path="/" + name))
 
 
 def buildah(*args: str, timeout: float = 120, env: dict[str, str] | None = None
@@ -174,21 +168,8 @@ def run(container: str, *command: str, env: dict[str, str] | None = None,
 @pytest.fixture(scope="module")
 def empty_database() -> Iterator[str]:
     """A database of this module's own, created empty and dropped afterwards."""
-    server = os.environ.get("DATABASE_URL", DEFAULT_PG)
-    name = f"authio_image_{secrets.token_hex(4)}"
-
-    async def admin(sql: str) -> None:
-        connection = await asyncpg.connect(database(server, "postgres"))
-        try:
-            await connection.execute(sql)
-        finally:
-            await connection.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    try:
-        yield database(server, name)
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with created_database(os.environ.get("DATABASE_URL", DEFAULT_PG), "image") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -33,9 +33,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
-import asyncpg
 import orjson
 import psutil
 import pytest
@@ -44,6 +43,7 @@ import redis
 from aiohttp import ClientSession
 from aiosmtpd.controller import Controller
 
+from tests.fixtures.database import created_database
 from tests.fixtures.peers import SmtpSink
 from tests.fixtures.proxies import Proxy, nginx_serving, render
 from tests.fixtures.service import (
@@ -85,30 +85,6 @@ class Runner:
 
     def descendants(self) -> list[psutil.Process]:
         return list(psutil.Process(self.process.pid).children(recursive=True))
-
-
-def _with_db(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
-
-
-@contextlib.contextmanager
-def empty_database(server_url: str) -> Iterator[str]:
-    """A database created empty (the runner migrates it), dropped on exit; its URL."""
-    name = f"authio_split_{secrets.token_hex(4)}"
-    admin = _with_db(server_url, "postgres")
-
-    async def run(sql: str) -> None:
-        conn = await asyncpg.connect(admin)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(run(f'CREATE DATABASE "{name}"'))
-    try:
-        yield _with_db(server_url, name)
-    finally:
-        asyncio.run(run(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 @contextlib.contextmanager
@@ -157,7 +133,7 @@ def started(database_url: str, redis_url: str, workers: int) -> Iterator[Runner]
     sink = SmtpSink()
     port, engine_port, control_port = free_ports(3)
     prefix = f"authio_split_{secrets.token_hex(4)}:"
-    with empty_database(database_url) as db_url, smtp(sink) as smtp_port, \
+    with created_database(database_url, "split") as db_url, smtp(sink) as smtp_port, \
             tempfile.TemporaryDirectory(prefix="authio-split-") as tmp, \
             redis_keys(redis_url, prefix):
         env = {
