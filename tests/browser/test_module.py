@@ -23,9 +23,9 @@ from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.fixtures.browser import kept_on_failure
+from tests.fixtures.browser import add_authenticator, kept_on_failure, remove_authenticator
 from tests.fixtures.identity import email, latest_link, token_of
-from tests.fixtures.service import Api, Project
+from tests.fixtures.service import Api, Project, loopback_app
 from tests.passkeys.helpers import configure
 
 _PAGE = """<!doctype html>
@@ -61,15 +61,8 @@ async def page_server(html: str) -> AsyncIterator[str]:
         return web.Response(text=html, content_type="text/html")
 
     app.router.add_get("/", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with loopback_app(app) as port:
         yield f"http://localhost:{port}"
-    finally:
-        await runner.cleanup()
 
 
 def _open(driver: webdriver.Chrome, url: str) -> None:
@@ -93,15 +86,6 @@ def _run(driver: webdriver.Chrome, steps: str) -> dict[str, Any]:
     return result
 
 
-def _authenticator(driver: webdriver.Chrome) -> str:
-    driver.execute_cdp_cmd("WebAuthn.enable", {"enableUI": False})
-    added = driver.execute_cdp_cmd("WebAuthn.addVirtualAuthenticator", {"options": {
-        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True,
-        "hasUserVerification": True, "isUserVerified": True,
-        "automaticPresenceSimulation": True}})
-    return str(added["authenticatorId"])
-
-
 async def test_a_page_on_another_origin_signs_up_and_in_with_a_passkey(
         service: Api, project: Project, browser: webdriver.Chrome, tmp_path: Path) -> None:
     address = email()
@@ -112,7 +96,7 @@ async def test_a_page_on_another_origin_signs_up_and_in_with_a_passkey(
         await asyncio.to_thread(browser.delete_all_cookies)
         await asyncio.to_thread(_open, browser, origin + "/")
         await asyncio.to_thread(_console, browser)  # drop what came before
-        authenticator = await asyncio.to_thread(_authenticator, browser)
+        authenticator = await asyncio.to_thread(add_authenticator, browser)
         try:
             sent = await asyncio.to_thread(
                 _run, browser, f"(a) => a.magicLink.send({json.dumps(address)})")
@@ -151,8 +135,7 @@ async def test_a_page_on_another_origin_signs_up_and_in_with_a_passkey(
             console = await asyncio.to_thread(_console, browser)
             assert [e for e in console if "CORS" in e["message"]] == [], console
         finally:
-            await asyncio.to_thread(browser.execute_cdp_cmd, "WebAuthn.removeVirtualAuthenticator",
-                                    {"authenticatorId": authenticator})
+            await asyncio.to_thread(remove_authenticator, browser, authenticator)
         # The service's own view: a passkey session of that user, live.
         listed = await project.api.get(f"/v1/users/{user_id}/passkeys")
         assert [p["name"] for p in listed.body["data"]] == ["Chromium"]

@@ -13,7 +13,7 @@ from aiohttp import ClientSession, web
 from authio_client import AsyncAuthioClient, AuthioClient, RetryPolicy
 
 from tests.fixtures.identity import SignedIn, email, sign_in
-from tests.fixtures.service import Project
+from tests.fixtures.service import Project, loopback_app
 
 
 @dataclass
@@ -96,12 +96,5 @@ async def ingress(http: ClientSession, upstream: str, intercept: Intercept,
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with loopback_app(app) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from tests.client.helpers import Sent, async_client, signed_in
 from tests.fixtures.identity import SignedIn
-from tests.fixtures.service import Project, eventually
+from tests.fixtures.service import Project, eventually, loopback_app
 
 Get = Callable[..., Awaitable[tuple[int, dict[str, str], Any]]]
 
@@ -183,23 +183,17 @@ async def test_aiohttp_middleware(world: World, http: ClientSession) -> None:
     app.router.add_get("/whoami", whoami)
     app.router.add_get("/me", me)
     app.router.add_get("/docs/{doc_id}", doc)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    async with loopback_app(app) as port:
 
-    async def get(path: str, *, headers: dict[str, str] | None = None,
-                  cookies: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
-        hdrs = dict(headers or {})
-        if cookies:
-            hdrs["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
-        async with http.get(f"http://127.0.0.1:{port}{path}", headers=hdrs) as r:
-            return r.status, {k.lower(): v for k, v in r.headers.items()}, await r.json()
-    try:
+        async def get(path: str, *, headers: dict[str, str] | None = None,
+                      cookies: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+            hdrs = dict(headers or {})
+            if cookies:
+                hdrs["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
+            async with http.get(f"http://127.0.0.1:{port}{path}", headers=hdrs) as r:
+                return r.status, {k.lower(): v for k, v in r.headers.items()}, await r.json()
+
         await assert_like_the_engine(world, get)
-    finally:
-        await runner.cleanup()
 
 
 async def test_revoked_sessions_are_refused_by_the_middleware_when_asked(project: Project) -> None:

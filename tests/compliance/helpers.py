@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 import asyncpg
 from aiohttp import web
 
+from tests.fixtures.service import loopback_app
+
 TEXT_TYPES = ("text", "character varying", "jsonb", "json", "ARRAY", "bytea")
 
 
@@ -24,15 +26,8 @@ async def receiver(status: int) -> AsyncIterator[tuple[str, list[bytes]]]:
 
     app = web.Application()
     app.router.add_post("/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with loopback_app(app) as port:
         yield f"http://127.0.0.1:{port}/hooks", bodies
-    finally:
-        await runner.cleanup()
 
 
 async def naming(db: asyncpg.Pool, needles: list[str]) -> list[str]:

@@ -223,29 +223,7 @@ def csrf_of(driver: webdriver.Chrome) -> str:
         'return document.querySelector(\'meta[name="csrf-token"]\').content'))
 
 
-# --- passkeys (Chromium's virtual authenticator) -------------------------------------------------
-
-
-def add_authenticator(driver: webdriver.Chrome) -> str:
-    """A virtual platform authenticator (CTAP2, internal transport, resident keys, user
-    verification that always succeeds) in the browser, through the Chrome DevTools Protocol;
-    its id, for :func:`remove_authenticator`."""
-    driver.execute_cdp_cmd("WebAuthn.enable", {"enableUI": False})
-    added = driver.execute_cdp_cmd("WebAuthn.addVirtualAuthenticator", {"options": {
-        "protocol": "ctap2", "transport": "internal", "hasResidentKey": True,
-        "hasUserVerification": True, "isUserVerified": True,
-        "automaticPresenceSimulation": True}})
-    return str(added["authenticatorId"])
-
-
-def remove_authenticator(driver: webdriver.Chrome, authenticator_id: str) -> None:
-    driver.execute_cdp_cmd("WebAuthn.removeVirtualAuthenticator",
-                           {"authenticatorId": authenticator_id})
-
-
-def credential_count(driver: webdriver.Chrome, authenticator_id: str) -> int:
-    got = driver.execute_cdp_cmd("WebAuthn.getCredentials", {"authenticatorId": authenticator_id})
-    return len(got["credentials"])
+# --- passkeys (the virtual authenticator: tests.fixtures.browser) ---------------------------------
 
 
 def add_passkey(driver: webdriver.Chrome, base_url: str, name: str) -> str:

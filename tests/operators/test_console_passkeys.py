@@ -21,23 +21,20 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from tests.fixtures.browser import kept_on_failure
+from tests.fixtures.browser import add_authenticator, credential_count, kept_on_failure, remove_authenticator
 from tests.fixtures.database import events
 from tests.operators.helpers import (
     ConsoleService,
     Tenant,
-    add_authenticator,
     add_passkey,
     ceremonies,
     console_log,
-    credential_count,
     csrf_of,
     fresh,
     mailed_link,
     open_page,
     page_fetch,
     passkey_sign_in,
-    remove_authenticator,
     signed_in,
     tenant,
 )

@@ -20,14 +20,13 @@ from typing import Final
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
-from tests.fixtures.browser import kept_on_failure
+from tests.fixtures.browser import add_authenticator, kept_on_failure, remove_authenticator
 from tests.fixtures.database import events
 from tests.operators.helpers import (
     FIREFOX_WINDOWS,
     SENT,
     ConsoleService,
     Tenant,
-    add_authenticator,
     add_passkey,
     challenge_new_devices,
     console_log,
@@ -36,7 +35,6 @@ from tests.operators.helpers import (
     mailed_link,
     passkey_sign_in,
     pretend,
-    remove_authenticator,
     request_link,
     signed_in,
     status_text,

@@ -23,6 +23,7 @@ from tests.fixtures.service import (
     Project,
     bootstrap_project,
     eventually,
+    loopback_app,
     serve_process,
 )
 from tests.webhooks.helpers import deliveries, receiver, subprocess_env, subscribe
@@ -116,12 +117,7 @@ async def test_redirects_are_not_followed_and_answers_are_capped() -> None:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", redirect)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with loopback_app(app) as port:
         async with outbound.client(timeout_seconds=2, allow_private=True) as s:
             moved = await outbound.post(s, f"http://127.0.0.1:{port}/hooks", b"{}", {},
                                         allow_private=True, timeout_seconds=2)
@@ -130,8 +126,6 @@ async def test_redirects_are_not_followed_and_answers_are_capped() -> None:
                                       allow_private=True, timeout_seconds=2)
             assert big.status == 500 and big.error is not None and len(big.error) < 300
         assert hits == ["/hooks", "/big"]  # never /elsewhere
-    finally:
-        await runner.cleanup()
 
 
 # --- a process killed mid-delivery ---------------------------------------------------------------
