@@ -15,14 +15,14 @@ import socket
 import ssl
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import trustme
 from aiohttp import ClientSession, ClientTimeout, TCPConnector
 
-from tests.fixtures.service import AUTHIO, BOOTSTRAP_TOKEN, ROOT, Api, free_ports
+from tests.fixtures.service import BOOTSTRAP_TOKEN, ServedProcess, serve_process
 
 HOST = "127.0.0.1"
 NAMES = ("127.0.0.1", "localhost")
@@ -129,24 +129,8 @@ def service_env(database_url: str, redis_url: str, redis_prefix: str,
     return env
 
 
-@dataclass
-class Served:
-    """A running ``authio serve`` over https: its process, port and output so far."""
-
-    proc: asyncio.subprocess.Process
-    port: int
-    api: Api
-    stdout: list[str] = field(default_factory=list)
-    stderr: list[str] = field(default_factory=list)
-    readers: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def logs(self) -> str:
-        return "".join(self.stdout) + "".join(self.stderr)
-
-
-async def _drain(stream: asyncio.StreamReader, sink: list[str]) -> None:
-    while line := await stream.readline():
-        sink.append(line.decode(errors="replace"))
+Served = ServedProcess
+"""A running ``authio serve`` over https: its process, port and output so far."""
 
 
 @contextlib.asynccontextmanager
@@ -154,37 +138,9 @@ async def serve_https(http: ClientSession, env: dict[str, str], target: str, *ar
                       within: float = 60.0) -> AsyncIterator[Served]:
     """``authio serve <target> <args>`` on a free port, ready over https (``/readyz`` 200
     through ``http``, which must trust the server's CA), SIGTERMed (then killed) on exit."""
-    port = free_ports(1)[0]
-    port_var = "SERVICE_ENGINE_PORT" if target == "engine" else "PORT"
-    proc = await asyncio.create_subprocess_exec(
-        AUTHIO, "serve", target, *args, cwd=ROOT, env={**env, port_var: str(port)},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
-    served = Served(proc, port, Api(http, f"https://{HOST}:{port}"))
-    served.readers = [asyncio.create_task(_drain(proc.stdout, served.stdout)),
-                      asyncio.create_task(_drain(proc.stderr, served.stderr))]
-    try:
-        deadline = time.monotonic() + within
-        while True:
-            if proc.returncode is not None:
-                await asyncio.gather(*served.readers, return_exceptions=True)
-                pytest.fail(f"authio serve {target} exited {proc.returncode}: {served.logs()}")
-            with contextlib.suppress(OSError):
-                if (await served.api.get("/readyz")).status == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"authio serve {target} not ready over https: {served.logs()}")
-            await asyncio.sleep(0.1)
+    async with serve_process(http, env, target, *args, base=f"https://{HOST}", within=within,
+                             sigterm=True) as served:
         yield served
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 40)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        await asyncio.gather(*served.readers, return_exceptions=True)
 
 
 async def until_logged(served: Served, text: str, *, count: int = 1, within: float = 10.0) -> None:
