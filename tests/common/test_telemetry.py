@@ -66,6 +66,7 @@ from tests.fixtures.service import (
     Response,
     ServedProcess,
     bootstrap_project,
+    loopback_app,
     serve_process,
     stop_gracefully,
 )
@@ -294,18 +295,12 @@ async def test_log_line_span_and_client_error_share_request_and_trace_ids(http: 
     handler.setFormatter(JsonFormatter())
     http_log = logging.getLogger("authio.http")
     http_log.addHandler(handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        async with http.get(f"http://127.0.0.1:{port}/boom") as r:
+        async with loopback_app(app) as port, http.get(f"http://127.0.0.1:{port}/boom") as r:
             assert r.status == 500
             body = await r.json()
     finally:
         http_log.removeHandler(handler)
-        await runner.cleanup()
     assert body["error"]["code"] == "internal_error" and "kaboom" not in orjson.dumps(body).decode()
     request_id = body["request_id"]
     (span,) = exporter.get_finished_spans()
