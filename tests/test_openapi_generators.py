@@ -20,15 +20,12 @@ extra); the test fails, saying so, when it is not installed.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +33,7 @@ from typing import Any
 import pytest
 
 from devtools import DevServicesError
-from tests.fixtures.installs import debian_packages, tell
+from tests.fixtures.installs import debian_packages, npm_packages, tell
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENT = ROOT / "docs" / "openapi.json"
@@ -48,7 +45,6 @@ TS_VERSION = json.loads((TS_SOURCE / "package.json").read_text())["dependencies"
 of its lock file, the strictest being @redocly/openapi-core (``node >=18.17.0``); tried on
 18.20 and 20.20, with the same output."""
 MIN_NODE: tuple[int, int] = (18, 17)
-_LOCK = Path(tempfile.gettempdir()) / "authio-openapi-typescript-install.lock"
 PACKAGE = "authio_generated"
 JSON_MEDIA = re.compile(r"^application/(?:[\w.+-]+\+)?json$")
 
@@ -159,21 +155,8 @@ def ensure_openapi_typescript() -> Path:
         raise DevServicesError(
             f"openapi-typescript {TS_VERSION} needs Node.js {'.'.join(map(str, MIN_NODE))} or "
             f"later; {node} is older: install a newer nodejs (Debian 12's is 18.19)")
-    lock_file = (TS_SOURCE / "package-lock.json").read_bytes()
-    marker = TS_DIR / ".installed"
-    wanted = hashlib.sha256(lock_file).hexdigest()
-    with open(_LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (marker.exists() and marker.read_text() == wanted):
-            TS_DIR.mkdir(parents=True, exist_ok=True)
-            marker.unlink(missing_ok=True)
-            for name in ("package.json", "package-lock.json"):
-                shutil.copyfile(TS_SOURCE / name, TS_DIR / name)
-            tell(f"the OpenAPI generator tests: npm ci (openapi-typescript {TS_VERSION}) in {TS_DIR}")
-            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--silent"], cwd=TS_DIR,
-                           check=True, stdin=subprocess.DEVNULL, stdout=2, stderr=2, timeout=600)
-            marker.write_text(wanted)
-    return TS_DIR
+    return npm_packages(TS_SOURCE, TS_DIR, needed_by="the OpenAPI generator tests",
+                        what=f"openapi-typescript {TS_VERSION}")
 
 
 def test_openapi_typescript_types_every_path(document: dict[str, Any], tmp_path: Path) -> None:
