@@ -20,13 +20,15 @@ import asyncio
 import csv
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import ClientSession
 
 from common.settings import Settings
+from tests.fixtures.database import migrated_database
 from tests.fixtures.service import BOOTSTRAP_TOKEN, ROOT, serving_public
 
 PYTHON = sys.executable
@@ -69,14 +71,23 @@ def failures(prefix: Path) -> str:
     return Path(f"{prefix}_failures.csv").read_text()
 
 
+@pytest.fixture(scope="module")
+def bench_database_url(database_url: str) -> Iterator[str]:
+    """A database of this test's own: the shared in-process service's outbox worker would
+    otherwise deliver the scenarios' sign-in links into its own development mailbox."""
+    with migrated_database(database_url, "bench") as url:
+        yield url
+
+
 async def test_every_scenario_runs_without_failures(
-        http: ClientSession, settings_factory: Callable[..., Settings], tmp_path: Path) -> None:
+        http: ClientSession, settings_factory: Callable[..., Settings], tmp_path: Path,
+        bench_database_url: str) -> None:
     env = {**os.environ, "AUTHIO_STATE": str(tmp_path / "state.json"), "AUTHIO_THINK_TIME": "0.02",
            "AUTHIO_BATCH_SIZE": "20", "AUTHIO_AUDIT_LIST_WEIGHT": "1",
            "AUTHIO_AUDIT_EXPORT_WEIGHT": "1", "AUTHIO_AUDIT_EXPORT_ROWS": "500",
            "AUTHIO_PASSKEY_ACCOUNTS": "2"}
     async with serving_public(http, settings_factory, trusted_proxies="127.0.0.1",
-                              webhook_allow_private_urls=True) as api:
+                              webhook_allow_private_urls=True, database_url=bench_database_url) as api:
         dataset = tmp_path / "small"
         code, output = await run(PYTHON, "bench/dataset.py", "--scale", "small", "--checks",
                                  "300", "--out", str(dataset), env=env, within=60)

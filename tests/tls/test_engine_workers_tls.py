@@ -97,14 +97,14 @@ def _every_worker(supervisor: int, port: int, context: ssl.SSLContext
 
 
 async def test_every_worker_serves_tls_and_reloads_on_sighup(
-        https: ClientSession, ca: trustme.CA, tmp_path: Path, database_url: str,
+        https: ClientSession, ca: trustme.CA, tmp_path: Path, tls_database_url: str,
         redis_url: str, redis_prefix: str) -> None:
     """Both workers answer over TLS 1.3 with HSTS; a TLS 1.2 client is served too. After the
     files are replaced and the supervisor gets SIGHUP, each worker logs the reload and every
     new connection, whichever worker takes it, is served the new certificate."""
     files = issue(ca, tmp_path / "live")
     first = files.serial
-    env = service_env(database_url, redis_url, redis_prefix, files)
+    env = service_env(tls_database_url, redis_url, redis_prefix, files)
     async with serve_https(https, env, "engine", "--workers", str(WORKERS)) as running:
         supervisor = running.proc.pid
         seen = _every_worker(supervisor, running.port, client_context(ca))

@@ -82,7 +82,7 @@ async def _start_sign_in(http: ClientSession, env: dict[str, str]) -> tuple[int,
 
 
 async def test_oauth_discovery_verifies_the_provider_certificate(
-        http: ClientSession, tmp_path: Path, database_url: str, redis_url: str,
+        http: ClientSession, tmp_path: Path, tls_database_url: str, redis_url: str,
         redis_prefix: str) -> None:
     """Not trusting the provider's CA, the service refuses its certificate: the sign-in cannot
     start (503) and the provider is never asked over HTTP. With ``SSL_CERT_FILE`` naming that
@@ -92,7 +92,7 @@ async def test_oauth_discovery_verifies_the_provider_certificate(
     ca_file = tmp_path / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     async with discovery_server(ca, tmp_path / "provider") as (issuer, asked):
-        env = {**service_env(database_url, redis_url, redis_prefix, None),
+        env = {**service_env(tls_database_url, redis_url, redis_prefix, None),
                "SERVICE_OAUTH_GOOGLE_ISSUER": issuer}
 
         status, code, logs = await _start_sign_in(http, env)

@@ -74,10 +74,10 @@ async def https(ca: trustme.CA) -> AsyncIterator[ClientSession]:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def served(https: ClientSession, files: ServerFiles, database_url: str, redis_url: str,
+async def served(https: ClientSession, files: ServerFiles, tls_database_url: str, redis_url: str,
                  redis_prefix: str) -> AsyncIterator[Served]:
     """``authio serve all`` over https with ``files``, for the tests that do not change them."""
-    async with serve_https(https, service_env(database_url, redis_url, redis_prefix, files),
+    async with serve_https(https, service_env(tls_database_url, redis_url, redis_prefix, files),
                            "all") as running:
         yield running
 
@@ -229,14 +229,14 @@ async def test_links_name_https_when_the_service_serves_tls(served: Served) -> N
 
 
 async def test_sighup_reloads_the_certificate(https: ClientSession, ca: trustme.CA,
-                                              tmp_path: Path, database_url: str,
+                                              tmp_path: Path, tls_database_url: str,
                                               redis_url: str, redis_prefix: str) -> None:
     """SIGHUP after the files were replaced: the next connection is served the new certificate,
     and a connection opened before keeps working. A pair that does not load (a key that is not
     the certificate's) is logged and the previous certificate stays in service."""
     files = issue(ca, tmp_path / "live", key_type=RSA)
     first = files.serial
-    env = service_env(database_url, redis_url, redis_prefix, files)
+    env = service_env(tls_database_url, redis_url, redis_prefix, files)
     async with serve_https(https, env, "all") as running:
         assert handshake(running.port, client_context(ca)).serial == first
         reader, writer = await asyncio.open_connection(
@@ -276,7 +276,7 @@ def _encrypt_key(files: ServerFiles, passphrase: bytes) -> None:
 
 
 async def test_an_encrypted_key_with_its_passphrase_file(
-        https: ClientSession, ca: trustme.CA, tmp_path: Path, database_url: str, redis_url: str,
+        https: ClientSession, ca: trustme.CA, tmp_path: Path, tls_database_url: str, redis_url: str,
         redis_prefix: str) -> None:
     """``SERVICE_TLS_KEY_PASSWORD_FILE`` opens an encrypted key (the file's trailing line break
     is not part of the passphrase); SIGHUP reads it again with the key."""
@@ -284,7 +284,7 @@ async def test_an_encrypted_key_with_its_passphrase_file(
     _encrypt_key(files, b"correct horse")
     passphrase = tmp_path / "passphrase"
     passphrase.write_bytes(b"correct horse\n")
-    env = {**service_env(database_url, redis_url, redis_prefix, files),
+    env = {**service_env(tls_database_url, redis_url, redis_prefix, files),
            "SERVICE_TLS_KEY_PASSWORD_FILE": str(passphrase)}
     async with serve_https(https, env, "all") as running:
         assert handshake(running.port, client_context(ca)).serial == files.serial
@@ -296,7 +296,7 @@ async def test_an_encrypted_key_with_its_passphrase_file(
         assert handshake(running.port, client_context(ca)).serial == new.serial
 
 
-async def test_bad_tls_settings_stop_the_start(database_url: str, redis_url: str,
+async def test_bad_tls_settings_stop_the_start(tls_database_url: str, redis_url: str,
                                                redis_prefix: str, tmp_path: Path,
                                                ca: trustme.CA) -> None:
     """A certificate without its key, a key that is not the certificate's, or an encrypted key
@@ -306,7 +306,7 @@ async def test_bad_tls_settings_stop_the_start(database_url: str, redis_url: str
     _encrypt_key(other, b"secret")
     wrong = tmp_path / "wrong"
     wrong.write_text("not the passphrase")
-    base = service_env(database_url, redis_url, redis_prefix, None)
+    base = service_env(tls_database_url, redis_url, redis_prefix, None)
     cases = {"only the certificate": {"SERVICE_TLS_CERT_FILE": str(good.cert)},
              "a key of another certificate": {"SERVICE_TLS_CERT_FILE": str(good.cert),
                                               "SERVICE_TLS_KEY_FILE": str(other.key)},
