@@ -7,25 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import secrets
 import subprocess
 import sys
 from pathlib import Path
 
 import asyncpg
 
-from tests.fixtures.database import DEFAULT_PG
+from tests.fixtures.database import created_database
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTHIO = str(Path(sys.executable).with_name("authio"))
-
-
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(os.environ.get("DATABASE_URL_ADMIN", DEFAULT_PG))
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 async def _heads(url: str) -> tuple[list[str], int]:
@@ -39,11 +30,8 @@ async def _heads(url: str) -> tuple[list[str], int]:
         await conn.close()
 
 
-def test_two_migrators_at_once_both_succeed() -> None:
-    name = f"authio_migrate_{secrets.token_hex(4)}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    try:
-        url = DEFAULT_PG.rsplit("/", 1)[0] + "/" + name
+def test_two_migrators_at_once_both_succeed(database_url: str) -> None:
+    with created_database(database_url, "migrate") as url:
         env = {**os.environ, "DATABASE_URL": url}
         runs = [subprocess.Popen([AUTHIO, "migrate"], env=env, cwd=ROOT, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True) for _ in range(3)]
@@ -55,5 +43,3 @@ def test_two_migrators_at_once_both_succeed() -> None:
                           (ROOT / "control_plane" / "migrations" / "versions").glob("[0-9]*.py"))
         assert len(heads) == 1 and heads[0].startswith(versions[-1]), heads
         assert tables > 20
-    finally:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

@@ -317,7 +317,12 @@ async def test_bad_tls_settings_stop_the_start(tls_database_url: str, redis_url:
         proc = await asyncio.create_subprocess_exec(
             AUTHIO, "serve", "all", env={**base, **extra},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 120)
+        except TimeoutError:
+            proc.kill()
+            out, err = await proc.communicate()
+            pytest.fail(f"{what}: still running after 120 s; it said:\n{(out + err).decode()[-3000:]}")
         assert proc.returncode != 0, what
         assert b"SERVICE_TLS_CERT_FILE" in out + err, (what, out, err)
 
