@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
 from typing import Final
 
 __all__ = ["HSTS", "HSTS_HEADER", "TLS12_CIPHERS", "ServerTls", "server_context", "server_tls"]
@@ -43,10 +44,14 @@ HSTS: Final = "max-age=63072000; includeSubDomains"
 domain to browsers' built-in lists is the domain owner's decision, not this service's."""
 
 
-def _password(password_file: str | None) -> bytes | None:
-    """The key's passphrase: the file's bytes without a trailing line break. Raises OSError."""
+def _password(password_file: str | None) -> bytes | Callable[[], bytes]:
+    """The key's passphrase: the file's bytes without a trailing line break. Raises OSError.
+
+    Without a file, a callable answering an empty passphrase: given None, OpenSSL asks for the
+    passphrase of an encrypted key on the controlling terminal, and a service started from one
+    (or under a test runner holding one) would wait there forever instead of failing at start."""
     if not password_file:
-        return None
+        return lambda: b""
     with open(password_file, "rb") as f:
         return f.read().rstrip(b"\r\n")
 
