@@ -623,9 +623,14 @@ async def test_the_head_is_read_only_beyond_what_the_engine_knows(
     monkeypatch.setattr(registry, "_read_head", counting_read)
     store_id = await create_store(pool, tuples=[("doc:1", "viewer", "user:ann")])
     path = f"/v1/stores/{store_id}/check"
-    # Loaded first (a check without consistency): a loaded machine may deliver the store's
-    # creation notice after the first consistent check, whose own load then races it.
-    status, body, _ = await engine_api.post(path, tk("doc:1", "viewer", "user:ann"))
+    # First the engine follows the store to revision 1 (checks without consistency): create_store
+    # commits the store (revision 0) and its tuples (revision 1) apart, and on a loaded machine
+    # the second notice may come after a consistent check, which then rightly reads the head.
+    for _ in range(200):
+        status, body, _ = await engine_api.post(path, tk("doc:1", "viewer", "user:ann"))
+        if (status, body["revision"]) == (200, 1):
+            break
+        await asyncio.sleep(0.05)
     assert (status, body["revision"]) == (200, 1), body
     reads.clear()
     at = {**tk("doc:1", "viewer", "user:ann"), "consistency": {"at_least_revision": 1}}
