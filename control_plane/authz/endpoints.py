@@ -59,7 +59,7 @@ async def get_store(call: Call) -> web.Response:
 
 
 @endpoint(routes, "POST", "/v1/stores/{store_id}/write", auth=WRITE,
-          errors=[StoreNotFound, IdempotencyKeyReused],
+          errors=[StoreNotFound, IdempotencyKeyReused], operation_id="write_tuples",
           headers={IDEMPOTENCY_KEY: RequestHeader(
               "Optional, 1 to 255 printable ASCII characters (a UUID will do), remembered per "
               "store for 24 hours: a write sent again with the same key is not applied again "
@@ -90,6 +90,7 @@ async def post_store_write(call: Call, body: WriteBody) -> web.Response:
 
 
 @endpoint(routes, "GET", "/v1/stores/{store_id}/tuples", auth=READ, errors=[StoreNotFound],
+          operation_id="list_tuples",
           replies=[Reply(200, "A page of tuples in (object, relation, user) order.",
                          Page[StoredTuple])])
 async def get_store_tuples(call: Call, query: TuplesQuery) -> web.Response:

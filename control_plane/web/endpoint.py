@@ -66,14 +66,16 @@ def endpoint(
     errors: Iterable[type[ServiceError]] = (), json_only: bool = False,
     headers: Mapping[str, str | RequestHeader] | None = None, allow_head: bool = True,
     body: type[Any] | None = None, error_body: ErrorBody | None = None,
+    operation_id: str | None = None,
 ) -> Callable[[TypedHandler], TypedHandler]:
     """Register a typed handler ``(call, [query], [body])`` as ``method path`` in ``routes``.
 
     ``body`` documents a JSON body the handler reads itself (when it must decide what to do
     before parsing it); otherwise the handler's own ``body`` parameter both parses and documents
     it. ``headers`` documents request headers the handler reads. ``error_body`` documents errors
-    written in a shape of their own (``common.http.render_errors_under``). Returns the handler
-    unchanged.
+    written in a shape of their own (``common.http.render_errors_under``). ``operation_id``
+    names the generated client's method where the one derived from the handler's name
+    (``common.openapi.method_name``) would not read well. Returns the handler unchanged.
     """
     replies = tuple(replies)
     path_params = [name for name, _ in _PATH_PARAM_RE.findall(path)]
@@ -107,7 +109,7 @@ def endpoint(
         handle.__doc__ = handler.__doc__
         summary, description = summary_of(handler)
         routes.add(Operation(
-            method=method, path=path, handler=handle, operation_id=handler.__name__,
+            method=method, path=path, handler=handle, operation_id=operation_id or handler.__name__,
             tag=routes.tag, summary=summary, description=description, security=auth.security,
             scopes=auth.scopes, project=auth.names_project, body=body_model or body,
             query=query_model, headers=dict(headers or {}), replies=replies,
