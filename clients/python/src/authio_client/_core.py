@@ -4,7 +4,7 @@ and when a failure is tried again (:class:`RetryPolicy`, :class:`Attempts`). No 
 sync client sends with ``httpx.Client`` and sleeps with ``time.sleep``, the async one with
 ``httpx.AsyncClient`` and ``asyncio.sleep``, each in a loop of a dozen lines around this.
 
-Retries (DESIGN.md "codes", README "Retrying tuple writes"):
+Retries (DESIGN.md "codes", docs/retries.md):
 
 * 429 ``rate_limited`` and every 503 (``db_unavailable``, ``service_unavailable``, ``not_ready``,
   ``revision_not_reached``) are tried again after the answer's ``Retry-After`` (seconds or an
