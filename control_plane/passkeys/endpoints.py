@@ -159,5 +159,5 @@ async def get_passkey_page(call: Call) -> web.Response:
     """A small page of the project that runs both ceremonies in the browser: add a passkey to
     the signed-in user (session cookie), and sign in with one (a button, and passkey autofill
     on its username field where the browser offers it). For trying passkeys out and for the
-    browser tests; an application builds its own (README "Passkeys")."""
+    browser tests; an application builds its own (docs/sign-in.md, "Passkeys")."""
     return page(lambda nonce: PAGE.format(nonce=nonce))
