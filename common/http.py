@@ -386,6 +386,11 @@ REFUSAL_HEADERS: Final = web.RequestKey("refusal_headers", Mapping[str, str])
 """Headers a route's own layer puts on the request for the envelope to set on its refusal too
 (the CORS headers of a public route, ``control_plane.tenancy.cors``); read on refusals only."""
 
+ALLOWED_ORIGIN: Final = web.RequestKey("allowed_origin", str)
+"""The request's ``Origin`` when the project it names allows it (``control_plane.tenancy.cors``,
+which also made sure a session token it presents is that project's): the session cookie's CSRF
+check (``control_plane.web.auth.check_same_origin``) trusts it as it trusts this origin."""
+
 
 def _refusal(request: web.Request, err: ServiceError, rid: str) -> web.Response:
     response = _refusal_of(request, err, rid)

@@ -24,6 +24,9 @@ preflight asks permission for).
   (unverified) ``pid`` is another project's than the one the request names gets no CORS header
   either: a page allowed by project A never reads the answer to a session of project B (a
   cookie a same-site page's call carries along, say).
+* An unsafe call from an allowed origin authenticated by the session cookie alone passes the
+  cookie's CSRF check (``web.auth.check_same_origin``): the project trusts that origin as its
+  own (a page on ``app.example.com`` with authio on ``auth.example.com``, the same site).
 * Management routes get no ``OPTIONS`` route (405 as before) and no CORS header ever.
 
 The allowed origins of a project (and the project of a host) are cached per process for
@@ -45,7 +48,7 @@ from aiohttp import web
 from common.access_tokens import SESSION_COOKIE, unverified_pid
 from common.appkeys import PG_POOL
 from common.errors import Forbidden
-from common.http import REFUSAL_HEADERS, Handler
+from common.http import ALLOWED_ORIGIN, REFUSAL_HEADERS, Handler
 from common.ids import is_id
 from common.routing import Operation
 from control_plane.tenancy import service
@@ -163,6 +166,8 @@ def decorated(handler: Handler, cache: Callable[[web.Request], OriginCache]) -> 
             return await handler(request)
         allowed = origin in await cache(request).allowed(request)
         headers = answer_headers(origin) if allowed else {"Vary": "Origin"}
+        if allowed:
+            request[ALLOWED_ORIGIN] = origin
         request[REFUSAL_HEADERS] = headers
         try:
             response = await handler(request)

@@ -38,7 +38,7 @@ from common.errors import (
     MissingBootstrapToken,
     NoSession,
 )
-from common.http import client_ip
+from common.http import ALLOWED_ORIGIN, client_ip
 from common.routing import Security
 from common.settings import Settings
 from control_plane.web.actor import Actor, ActorType, Call
@@ -125,14 +125,18 @@ def check_same_origin(request: web.Request, settings: Settings) -> None:
     origin of the same site (``evil.example.com`` against ``auth.example.com``), and browsers
     that ignore SameSite. Safe methods pass. A browser's ``Sec-Fetch-Site`` decides when sent
     (``same-origin`` or ``none``, a user's own navigation, pass); else an ``Origin`` must be
-    the public base URL's origin or the ``Host`` the request was sent to. A request with
-    neither header comes from no browser (every browser in use sends one of them with an
-    unsafe request), and no browser means no ambient cookie to forge with: it passes.
-    Raises Forbidden (``details.reason`` ``cross_origin``)."""
+    the public base URL's origin or the ``Host`` the request was sent to. An origin the
+    request's project allows (its WebAuthn ``origins`` and ``cors_origins``, on the public
+    routes: ``ALLOWED_ORIGIN``, set by ``control_plane.tenancy.cors``) is trusted as this one.
+    A request with neither header comes from no browser (every browser in use sends one of
+    them with an unsafe request), and no browser means no ambient cookie to forge with: it
+    passes. Raises Forbidden (``details.reason`` ``cross_origin``)."""
     if request.method in SAFE_METHODS:
         return
     fetch_site = request.headers.get("Sec-Fetch-Site")
     origin = request.headers.get("Origin")
+    if origin is not None and origin == request.get(ALLOWED_ORIGIN):
+        return
     if fetch_site is not None:
         allowed = fetch_site in ("same-origin", "none") or _trusted_origin(origin, settings)
     elif origin is not None:
@@ -142,7 +146,8 @@ def check_same_origin(request: web.Request, settings: Settings) -> None:
     if not allowed:
         raise Forbidden(
             "A request authenticated by the session cookie must come from this service's own "
-            "origin; send the access token as a Bearer token from other origins.",
+            "origin or one the project allows (cors_origins); send the access token as a Bearer "
+            "token from other origins.",
             details={"reason": "cross_origin", "origin": origin})
 
 

@@ -280,3 +280,38 @@ async def test_another_process_follows_a_change_within_the_cache_bound(
             assert time.monotonic() - changed < CACHE_SECONDS + 2, "not followed in time"
             await asyncio.sleep(0.25)
         assert aca(await preflight(second, path, APP)) == {}
+
+
+async def test_an_allowed_origin_may_post_with_the_session_cookie(
+        service: Api, project: Project, new_project: Callable[[str], Awaitable[Project]]) -> None:
+    """``app.example.com`` calling authio on ``auth.example.com`` (the same site: the browser
+    sends the SameSite=Lax cookie): an unsafe call authenticated by the cookie alone passes the
+    CSRF check from an origin the project allows, and only from one. A sibling origin the
+    project does not allow, and an allowed origin presenting another project's cookie, are
+    still refused (403 ``forbidden``, ``cross_origin``) and change nothing."""
+    other = await new_project("other")
+    await cors_origins(project, [APP])
+    await cors_origins(other, ["https://other.example.com"])
+    ours, theirs = await sign_in(project, email()), await sign_in(other, email())
+    same_site = {"Sec-Fetch-Site": "same-site"}
+    refusals = ((ours, {"Origin": "https://evil.example.com", **same_site}),  # not allowed
+                (theirs, {"Origin": APP, **same_site}))  # another project's cookie
+    for signed_in, headers in refusals:
+        r = await service.post(f"/v1/sessions/revoke?project_id={project.id}", {}, key=None,
+                               headers={"Cookie": f"service_session={signed_in.access_token}",
+                                        **headers})
+        assert r.status == 403, (headers, r.body)
+        assert r.body["error"]["details"]["reason"] == "cross_origin", r.body
+        assert aca(r) == {}
+    for signed_in, p in ((ours, project), (theirs, other)):
+        alive = await service.get(f"/v1/sessions/me?project_id={p.id}", key=None,
+                                  headers={"Authorization": f"Bearer {signed_in.access_token}"})
+        assert alive.status == 200, alive.body
+    r = await service.post(f"/v1/sessions/revoke?project_id={project.id}", {}, key=None,
+                           headers={"Cookie": f"service_session={ours.access_token}",
+                                    "Origin": APP, **same_site})
+    assert r.status == 200, r.body
+    assert r.headers["Access-Control-Allow-Origin"] == APP
+    gone = await service.get(f"/v1/sessions/me?project_id={project.id}", key=None,
+                             headers={"Authorization": f"Bearer {ours.access_token}"})
+    assert gone.status == 401, gone.body
