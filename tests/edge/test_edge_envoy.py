@@ -1,9 +1,9 @@
 """Envoy's HTTP ext_authz request shape, replayed exactly against a separately running engine.
 
 This test stands in for Envoy, which is not installable on this machine (no Debian package).
-It reads the README's configuration (``docs/edge/envoy.yaml``) and sends what Envoy's
-``envoy.filters.http.ext_authz`` filter sends to an ``http_service`` (Envoy's
-``api/envoy/extensions/filters/http/ext_authz/v3/ext_authz.proto`` and the filter's
+It reads the documented configuration (``docs/edge/envoy.yaml``, shown in ``docs/edge.md``)
+and sends what Envoy's ``envoy.filters.http.ext_authz`` filter sends to an ``http_service``
+(Envoy's ``api/envoy/extensions/filters/http/ext_authz/v3/ext_authz.proto`` and the filter's
 documentation, ``docs/root/configuration/http/http_filters/ext_authz_filter.rst``):
 
 * the original request's method, and its path *with its query string* appended to

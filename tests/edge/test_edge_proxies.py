@@ -1,6 +1,7 @@
 """Real edge proxies in front of a separately running engine (issue 12): nginx ``auth_request``
-and Caddy ``forward_auth`` (the Traefik-style ``X-Forwarded-*`` shape), each with the README's
-own configuration (``docs/edge/``), guarding a small application that echoes what it received.
+and Caddy ``forward_auth`` (the Traefik-style ``X-Forwarded-*`` shape), each with the documented
+configuration (``docs/edge/``, shown in ``docs/edge.md``), guarding a small application that
+echoes what it received.
 
 For both: a signed-in request (Bearer or the ``service_session`` cookie) passes with the
 identity headers forwarded, and a client's own ``Service-*`` headers never reach the
@@ -208,10 +209,11 @@ async def test_never_anything_but_200_401_403(http: ClientSession, setup: Edge,
 
 
 
-def test_the_readme_shows_the_tested_configurations() -> None:
-    """README's snippets are ``docs/edge/``'s files, which these tests run: they cannot drift."""
-    readme = (ROOT / "README.md").read_text()
+def test_the_edge_page_shows_the_tested_configurations() -> None:
+    """``docs/edge.md``'s snippets are ``docs/edge/``'s files, which these tests run: they cannot
+    drift."""
+    page = (ROOT / "docs" / "edge.md").read_text()
     for name, fence in (("nginx.conf", "nginx"), ("Caddyfile", "caddyfile"),
                         ("envoy.yaml", "yaml")):
         text = (EDGE_DOCS / name).read_text()
-        assert f"```{fence}\n{text}```\n" in readme, f"README's {name} differs from docs/edge"
+        assert f"```{fence}\n{text}```\n" in page, f"docs/edge.md's {name} differs from docs/edge"
