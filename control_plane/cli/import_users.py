@@ -46,7 +46,7 @@ PLAIN_EVERY_SECONDS: Final = 5.0
 NOT_IMPORTED: Final = (
     "Organizations and connection metadata are not imported (only users are): recreate each "
     "organization with POST /v1/organizations and its members with POST "
-    "/v1/organizations/{id}/memberships (README.md, \"Importing users from another provider\").")
+    "/v1/organizations/{id}/memberships (docs/imports.md).")
 
 
 class BarReporter:

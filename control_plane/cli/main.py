@@ -14,7 +14,7 @@
     authio logout [--profile P]   revoke that key and forget it
     authio import PROVIDER --file PATH [--dry-run] [--rate-limit-rps N] [--profile P] [--force]
                                   create users from an auth0, firebase, cognito, supabase or
-                                  clerk export (README: "Importing users")
+                                  clerk export (docs/imports.md)
     authio import descope (--input PATH | --live-token T --source-project-id P) [...]
                                   the same, with tenants as organizations and roles as
                                   memberships

@@ -1,4 +1,5 @@
-"""Audit events of authorization changes (issue 10, item 7; README "Reading the audit log").
+"""Audit events of authorization changes (issue 10, item 7; docs/audit.md, "Reading the
+audit log").
 
 The spec names no ``authz`` action; a store created and permissions granted or taken away are what
 a security review looks for, so they are recorded: ``authz.store.created``, and one
