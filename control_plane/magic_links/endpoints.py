@@ -14,6 +14,7 @@ from common.errors import (
     BlockedByRiskPolicy,
     InvalidDestination,
     InvalidEmail,
+    InvalidRequest,
     InvitationNotFound,
     InvitationNotPending,
     NoSession,
@@ -50,17 +51,20 @@ class VerifyQuery(QueryModel):
 
 
 @endpoint(routes, "POST", "/v1/auth/magic-link/send", auth=auth.Public(),
-          errors=[InvalidDestination, InvalidEmail, RateLimited, ServiceUnavailable],
+          errors=[InvalidDestination, InvalidEmail, InvalidRequest, RateLimited,
+                  ServiceUnavailable],
           replies=[Reply(200, "The link is on its way.", Sent)])
 async def post_magic_link_send(call: Call, body: SendBody) -> web.Response:
     """Send a sign-in link to an email address or phone number.
 
     The same answer whether or not a user has that destination; a new user is created when the
-    link is redeemed. Rate limited per destination and per client IP (429 with
-    ``Retry-After``)."""
+    link is redeemed. The link lands on this service's page, or on ``redirect_url``, a page of
+    the application on one of the project's allowed origins. Rate limited per destination and
+    per client IP (429 with ``Retry-After``)."""
     sent = await service.send_link(
         call.pool, project_id=call.project_id, destination=body.destination, ip=call.actor.ip,
-        limits=call.app[SEND_LIMITS], kms=call.app[KMS], settings=call.settings)
+        limits=call.app[SEND_LIMITS], kms=call.app[KMS], settings=call.settings,
+        redirect_url=body.redirect_url)
     return call.reply(sent)
 
 

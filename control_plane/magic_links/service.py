@@ -20,11 +20,13 @@ import asyncpg
 
 from common.auth import token_digest
 from common.db import Params
+from common.errors import InvalidRequest
 from common.settings import Settings
 from control_plane.kms import LocalKms
 from control_plane.magic_links import repository
-from control_plane.magic_links.schemas import Sent
+from control_plane.magic_links.schemas import Sent, redirect_origin
 from control_plane.messages import service as messages
+from control_plane.tenancy import service as tenancy
 from control_plane.web.ratelimit import RateLimit, client_bucket
 from control_plane.web.schemas import Channel
 
@@ -52,10 +54,30 @@ _TEXTS: Final = {
 }
 
 
-def link_url(settings: Settings, project_id: str, token: str) -> str:
-    """The landing-page address a message carries, the token in its fragment."""
+def link_url(settings: Settings, project_id: str, token: str,
+             redirect_url: str | None = None) -> str:
+    """The landing-page address a message carries, the token in its fragment: this service's
+    page, or ``redirect_url`` (a page of the application, checked by :func:`check_redirect`)."""
+    if redirect_url is not None:
+        return f"{redirect_url}#{urlencode({'token': token})}"
     return (f"{settings.public_base_url}{VERIFY_PATH}?{urlencode({'project_id': project_id})}"
             f"#{urlencode({'token': token})}")
+
+
+async def check_redirect(conn: asyncpg.Connection | asyncpg.Pool, project_id: str,
+                         redirect_url: str | None) -> None:
+    """Refuse a ``redirect_url`` (already checked in shape by ``schemas.RedirectUrl``) whose
+    origin the project does not allow: its ``cors_origins`` and ``webauthn.origins``, the pages
+    that may call its public endpoints (DESIGN.md "the browser (CORS)"); else anyone could have
+    a project's links land on their own page and read the token. Raises InvalidRequest naming
+    ``redirect_url``."""
+    if redirect_url is None:
+        return
+    origin = redirect_origin(redirect_url)
+    if origin not in await tenancy.allowed_origins(conn, project_id):
+        raise InvalidRequest.field(
+            "redirect_url", f"its origin {origin} is not one of the project's allowed origins "
+                            "(cors_origins and webauthn.origins, PATCH /v1/projects/me)")
 
 
 def _lifetime(seconds: int) -> str:
@@ -72,9 +94,12 @@ async def issue_link(
     purpose: Purpose, channel: Channel, destination: str, ttl_seconds: int,
     user_id: str | None = None, invitation_id: str | None = None,
     organization_name: str | None = None, step_up_id: str | None = None,
+    redirect_url: str | None = None,
 ) -> str:
     """Create a token and queue the message carrying its link, in ``conn``'s transaction
-    (``step_up_id``: the step-up challenge a ``step_up`` link satisfies).
+    (``step_up_id``: the step-up challenge a ``step_up`` link satisfies; ``redirect_url``: the
+    application's page the link lands on, checked by :func:`check_redirect`, else this
+    service's own).
 
     Returns the message id. The plaintext token exists only inside the sealed message body.
     """
@@ -85,7 +110,7 @@ async def issue_link(
         ttl=timedelta(seconds=ttl_seconds), step_up_id=step_up_id)
     subject, text = _message(settings, purpose, channel, project_id=project_id,
                              project_name=project, token=token, ttl_seconds=ttl_seconds,
-                             organization_name=organization_name)
+                             organization_name=organization_name, redirect_url=redirect_url)
     return await messages.enqueue(
         conn, kms, project_id=project_id, channel=channel, destination=destination, kind=purpose,
         subject=subject, text=text,
@@ -100,9 +125,10 @@ number (``channel`` ``email`` or ``sms``), or None."""
 
 def _message(settings: Settings, purpose: Purpose, channel: Channel, *, project_id: str,
              project_name: str, token: str, ttl_seconds: int,
-             organization_name: str | None = None) -> tuple[str, str]:
+             organization_name: str | None = None,
+             redirect_url: str | None = None) -> tuple[str, str]:
     """The subject and text of the message carrying ``token``'s link."""
-    url = link_url(settings, project_id, token)
+    url = link_url(settings, project_id, token, redirect_url)
     subject, text = _TEXTS[purpose]
     fields = {"project": project_name, "organization": organization_name or "an organization",
               "lifetime": _lifetime(ttl_seconds), "url": url}
@@ -165,15 +191,19 @@ def destination_bucket(channel: Channel, address: str) -> str:
 
 
 async def send_link(pool: asyncpg.Pool, *, project_id: str, destination: tuple[Channel, str],
-                    ip: str | None, limits: SendLimits, kms: LocalKms, settings: Settings) -> Sent:
-    """Queue a sign-in link to ``destination`` (channel, normalized address).
+                    ip: str | None, limits: SendLimits, kms: LocalKms, settings: Settings,
+                    redirect_url: str | None = None) -> Sent:
+    """Queue a sign-in link to ``destination`` (channel, normalized address), landing on
+    ``redirect_url`` when given (:func:`check_redirect`), else on this service's page.
 
     The answer is the same whether or not a user has that destination (no enumeration); a user
     who does not exist yet is created when the link is redeemed. Limited per destination (per
-    project, ``destination_bucket``) and per client IP. Raises RateLimited, and
-    ServiceUnavailable while the limits cannot be counted (Redis away; they fail closed).
+    project, ``destination_bucket``) and per client IP. Raises InvalidRequest (``redirect_url``),
+    RateLimited, and ServiceUnavailable while the limits cannot be counted (Redis away; they
+    fail closed).
     """
     channel, address = destination
+    await check_redirect(pool, project_id, redirect_url)
     if ip:
         await limits.per_ip.hit(client_bucket(ip))
     await limits.per_destination.hit(f"{project_id}:{destination_bucket(channel, address)}")
@@ -181,5 +211,6 @@ async def send_link(pool: asyncpg.Pool, *, project_id: str, destination: tuple[C
         user_id = await repository.user_id_by_destination(conn, project_id, channel, address)
         await issue_link(conn, kms, settings, project_id=project_id, purpose="signin",
                          channel=channel, destination=address,
-                         ttl_seconds=settings.magic_link_ttl_seconds, user_id=user_id)
+                         ttl_seconds=settings.magic_link_ttl_seconds, user_id=user_id,
+                         redirect_url=redirect_url)
     return Sent(True, channel, settings.magic_link_ttl_seconds)

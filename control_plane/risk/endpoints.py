@@ -131,5 +131,6 @@ async def post_step_up_magic_link_send(call: Call, body: StepUpBody) -> web.Resp
     phone number), redeemed by ``POST /v1/auth/magic-link/verify`` like any link."""
     sent = await step_up.send_link(call.pool, call.actor, challenge_id=body.challenge_id,
                                    per_destination=call.app[SEND_LIMITS].per_destination,
-                                   kms=call.app[KMS], settings=call.settings)
+                                   kms=call.app[KMS], settings=call.settings,
+                                   redirect_url=body.redirect_url)
     return call.reply(sent)

@@ -12,6 +12,7 @@ from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, 
 
 from common.schemas import RequestModel, integral
 from control_plane.audit.schemas import Time, not_before_from
+from control_plane.magic_links.schemas import RedirectUrl
 from control_plane.passkeys.schemas import AuthenticationResponseBody
 from control_plane.risk import signals
 from control_plane.web.pagination import PageQuery
@@ -151,9 +152,11 @@ class DecisionsQuery(PageQuery):
 
 
 class StepUpBody(RequestModel):
-    """The challenge a ``step_up_required`` answer named (``details.challenge_id``)."""
+    """The challenge a ``step_up_required`` answer named (``details.challenge_id``); for the
+    link, where it lands (as ``POST /v1/auth/magic-link/send``'s ``redirect_url``)."""
 
     challenge_id: ChallengeId
+    redirect_url: RedirectUrl | None = None
 
 
 class StepUpVerifyBody(AuthenticationResponseBody):

@@ -81,13 +81,16 @@ def masked(address: str) -> str:
 
 
 async def send_link(pool: asyncpg.Pool, actor: Actor, *, challenge_id: str,
-                    per_destination: RateLimit, kms: LocalKms, settings: Settings) -> StepUpSent:
+                    per_destination: RateLimit, kms: LocalKms, settings: Settings,
+                    redirect_url: str | None = None) -> StepUpSent:
     """Send a step-up link for ``challenge_id`` to the challenged user's verified e-mail
-    address, else verified phone number; it lives as long as the challenge has left. Limited like
-    sign-in links per destination. Raises UnknownOrExpiredChallenge, InvalidRequest naming
-    ``challenge_id`` when the user has no verified destination, RateLimited,
+    address, else verified phone number; it lives as long as the challenge has left, and lands
+    on ``redirect_url`` when given (``magic_links.check_redirect``). Limited like sign-in links
+    per destination. Raises UnknownOrExpiredChallenge, InvalidRequest naming ``challenge_id``
+    when the user has no verified destination or ``redirect_url``, RateLimited,
     ServiceUnavailable (the limit cannot be counted)."""
     project_id = _project(actor)
+    await magic_links.check_redirect(pool, project_id, redirect_url)
     challenge = await find_challenge(pool, project_id, challenge_id)
     channel: Channel = "email" if challenge.email is not None else "sms"
     address = challenge.email if channel == "email" else challenge.phone_number
@@ -100,5 +103,5 @@ async def send_link(pool: asyncpg.Pool, actor: Actor, *, challenge_id: str,
         await magic_links.issue_link(
             conn, kms, settings, project_id=project_id, purpose="step_up", channel=channel,
             destination=address, ttl_seconds=challenge.expires_in,
-            user_id=challenge.user_id, step_up_id=challenge.id)
+            user_id=challenge.user_id, step_up_id=challenge.id, redirect_url=redirect_url)
     return StepUpSent(True, channel, masked(address), challenge.expires_in)

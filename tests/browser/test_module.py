@@ -25,6 +25,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.fixtures.browser import add_authenticator, kept_on_failure, remove_authenticator
 from tests.fixtures.identity import email, latest_link, token_of
+from tests.fixtures.peers import mailbox_messages
 from tests.fixtures.service import Api, Project, loopback_app
 from tests.passkeys.helpers import configure
 
@@ -54,13 +55,14 @@ steps(window.authio).then(
 
 @contextlib.asynccontextmanager
 async def page_server(html: str) -> AsyncIterator[str]:
-    """A second HTTP server serving ``html`` at ``/``: its origin, ``http://localhost:<port>``."""
+    """A second HTTP server serving ``html`` at every path: its origin,
+    ``http://localhost:<port>``."""
     app = web.Application()
 
     async def page(request: web.Request) -> web.Response:
         return web.Response(text=html, content_type="text/html")
 
-    app.router.add_get("/", page)
+    app.router.add_get("/{path:.*}", page)
     async with loopback_app(app) as port:
         yield f"http://localhost:{port}"
 
@@ -139,6 +141,38 @@ async def test_a_page_on_another_origin_signs_up_and_in_with_a_passkey(
         # The service's own view: a passkey session of that user, live.
         listed = await project.api.get(f"/v1/users/{user_id}/passkeys")
         assert [p["name"] for p in listed.body["data"]] == ["Chromium"]
+
+
+async def test_a_magic_link_lands_on_the_applications_page_and_signs_in_there(
+        service: Api, project: Project, browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """``magicLink.send(address, {redirectUrl})`` from the application's page: the link in the
+    message is that page with ``#token=``; following it opens the application (not authio's
+    page), whose ``magicLink.verify()`` reads the token from the fragment, takes it out of the
+    address bar, and signs in."""
+    address = email()
+    html = _PAGE.format(service=service.base_url, project_id=project.id)
+    async with page_server(html) as origin, kept_on_failure(browser, tmp_path / "failure"):
+        r = await project.api.request("PATCH", "/v1/projects/me", json={"cors_origins": [origin]})
+        assert r.status == 200, r.body
+        await asyncio.to_thread(browser.delete_all_cookies)
+        await asyncio.to_thread(_open, browser, origin + "/")
+        landing = f"{origin}/signed-in?next=docs"
+        sent = await asyncio.to_thread(
+            _run, browser,
+            f"(a) => a.magicLink.send({json.dumps(address)}, "
+            f"{{redirectUrl: {json.dumps(landing)}}})")
+        assert sent["ok"], sent
+        text = (await mailbox_messages(project.api, address))[0]["text"]
+        link = next(w for w in text.split() if w.startswith(landing + "#token="))
+        await asyncio.to_thread(_open, browser, link)
+        signed_in = await asyncio.to_thread(
+            _run, browser, "async (a) => { const g = await a.magicLink.verify(); "
+                           "return {email: g.user.email, url: location.href, "
+                           "token: a.accessToken !== null}; }")
+        assert signed_in == {"ok": True, "value": {
+            "email": address, "url": landing, "token": True}}, signed_in
+        me = await asyncio.to_thread(_run, browser, "(a) => a.me()")
+        assert me["ok"] and me["value"]["user"]["email"] == address, me
 
 
 async def test_a_page_on_an_origin_the_project_does_not_allow_is_blocked(

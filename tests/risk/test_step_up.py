@@ -955,3 +955,33 @@ async def test_two_passkey_verifies_at_once_sign_in_once(risk_project: Project, 
     assert len(await _sessions(db, c.user_id)) == 2
     assert (await _challenge_row(db, c.challenge_id))["status"] == "satisfied"
     assert len(await _satisfied_events(db, p)) == 1
+
+
+async def test_a_step_up_link_may_land_on_the_applications_page(
+        risk_project: Project, db: asyncpg.Pool) -> None:
+    """``redirect_url`` as on ``POST /v1/auth/magic-link/send``: on an origin the project allows
+    the link lands there and still satisfies the challenge; on another it is refused, nothing is
+    sent and the challenge stays pending."""
+    p = risk_project
+    await _ready(p, passkeys=False)
+    r = await p.api.request("PATCH", "/v1/projects/me",
+                            json={"cors_origins": ["https://app.example.com"]})
+    assert r.status == 200, r.body
+    c = await _challenged(p, passkey=False)
+    before = len(await mailbox_messages(p.api, c.address, count=0))
+    refused = await step_up_call(p, "magic-link/send", {
+        "challenge_id": c.challenge_id, "redirect_url": "https://evil.example.com/step-up"},
+        client(SYDNEY))
+    assert_invalid_field(refused, "redirect_url")
+    assert len(await mailbox_messages(p.api, c.address, count=0)) == before
+    assert (await _challenge_row(db, c.challenge_id))["status"] == "pending"
+
+    page = "https://app.example.com/step-up"
+    r = await step_up_call(p, "magic-link/send",
+                           {"challenge_id": c.challenge_id, "redirect_url": page}, client(SYDNEY))
+    assert r.status == 200, r.body
+    text = (await mailbox_messages(p.api, c.address, count=before + 1))[0]["text"]
+    link = re.search(re.escape(page) + r"#token=\S+", text)
+    assert link, text
+    _signed_in(await _redeem(c, token_of(link.group(0))), c.user_id)
+    assert (await _challenge_row(db, c.challenge_id))["status"] == "satisfied"

@@ -105,15 +105,19 @@ export function createClient(options) {
     },
 
     magicLink: {
-      /** Send a sign-in link to an email address or E.164 phone number. */
-      send(destination) {
-        return call("POST", "/v1/auth/magic-link/send", { destination });
+      /** Send a sign-in link to an email address or E.164 phone number. `redirectUrl`: a page
+       *  of yours (on an origin the project allows) the link lands on, with `#token=...`;
+       *  call `verify()` there. Without it the link lands on authio's own page. */
+      send(destination, { redirectUrl } = {}) {
+        return call("POST", "/v1/auth/magic-link/send",
+                    redirectUrl ? { destination, redirect_url: redirectUrl } : { destination });
       },
-      /** Redeem a link's token (default: the `token` of this page's URL fragment). Returns
-       *  the Grant. */
+      /** Redeem a link's token (default: the `token` of this page's URL fragment, which is
+       *  then taken out of the address bar and history). Returns the Grant. */
       async verify(token) {
         const value = token || new URLSearchParams(location.hash.slice(1)).get("token");
         if (!value) throw new TypeError("magicLink.verify: no token given nor in the fragment");
+        if (!token) history.replaceState(history.state, "", location.pathname + location.search);
         return granted(await call("POST", "/v1/auth/magic-link/verify", { token: value }));
       },
     },
