@@ -3,7 +3,8 @@ auth with a repeated token, driven by wrk in the same run.
 
     python bench/bench_ceiling.py --dataset bench/data/medium [--concurrency 16,64]
         [--duration 10] [--rounds 2] [--engine-url URL --engine-pid PID] [--token JWT]
-        [--workers N] [--engine-cpus 0] [--client-cpus 1] [--json results.json]
+        [--workers N] [--engine-cpus 0] [--client-cpus 1] [--pipeline 1,8,16]
+        [--json results.json]
 
 What it runs, per round and per concurrency level, one after the other:
 
@@ -25,6 +26,19 @@ and what the rest of the machine did meanwhile (``other`` cores: ``/proc/stat``'
 less server and client) are in the table too. Ratios compare each path with its bare twin of
 the same round and level, by requests per second and by CPU per request (bare µs / path µs: the
 throughput ratio a saturated server would reach).
+
+``--pipeline 1,8,16`` runs every target at each of these HTTP/1.1 pipelining depths (default
+1: one request at a time per connection, as a browser or a proxy such as nginx sends them):
+at depth N wrk writes N requests at once on each connection and the next N when all N answers
+are in (``WRK_PIPELINE``). It costs wrk far less per request, so that it leaves the cores to the
+server; the server's cost per request falls too (one read for N requests), so a pipelined
+figure is no figure of what a proxy's traffic costs. wrk's latencies at a depth above 1 are
+not figures either: it times a group of N (write to last answer) and its correction for
+coordinated omission assumes one request per write, adding samples below its own minimum, so
+its p50 is skewed and its p99 often reads 0. Before the first measured run at a depth
+above 1, each target gets ``2 * depth`` requests pipelined on one connection here
+(:func:`pipelined`): every answer must be a 200, and a check's ``allowed`` must be what
+``checks.jsonl`` says, in order; else the run stops.
 
 ``--workers N`` starts ``authio serve engine --workers N`` (issue 24; default 1, the single
 process, so the bare twin compares like with like); ``--engine-cpus`` and ``--client-cpus``
@@ -76,6 +90,7 @@ class Row:
     errors: int
     client_cores: float = 0.0
     other_cores: float = 0.0
+    pipeline: int = 1
 
 
 def free_port() -> int:
@@ -142,10 +157,82 @@ def wait_http(url: str, timeout: float = 60.0) -> None:
 CLIENT_CPUS: list[str] = []  # taskset prefix for wrk (--client-cpus)
 
 
+def parse_depths(text: str) -> list[int]:
+    """``--pipeline``'s value, ``"1,8,16"``, as depths (each ≥ 1); ValueError otherwise."""
+    depths = [int(d) for d in text.split(",") if d.strip()]
+    if not depths or min(depths) < 1:
+        raise ValueError(f"pipeline depths are whole numbers of 1 or more: {text!r}")
+    return depths
+
+
+def http_request(method: str, path: str, host: str, headers: str, body: str | None) -> bytes:
+    """One HTTP/1.1 request as wrk's ``wrk.format`` writes it: ``headers`` are ``"Name: value"``
+    lines separated by ``"\\n"``; a body gets ``Content-Type: application/json`` and its
+    ``Content-Length``."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
+    lines += [line for line in headers.split("\n") if line]
+    data = b""
+    if body is not None:
+        data = body.encode()
+        lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + data
+
+
+def pipelined(host: str, port: int, requests: list[bytes],
+              timeout: float = 10.0) -> list[tuple[int, bytes]]:
+    """Send ``requests`` (whole HTTP/1.1 requests, :func:`http_request`) in one write on one
+    connection to ``host:port`` and read their answers in order: ``(status, body)`` per request.
+    Answers must carry ``Content-Length`` (the service's and the bare server's do); one without,
+    a closed connection before the last answer, or ``timeout`` seconds without data raise
+    ``ValueError``/``OSError``."""
+    answers: list[tuple[int, bytes]] = []
+    buf = b""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        sock.sendall(b"".join(requests))
+        while len(answers) < len(requests):
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                head = buf[:end].decode("latin-1").split("\r\n")
+                fields = {k.strip().lower(): v.strip()
+                          for k, _, v in (line.partition(":") for line in head[1:])}
+                if "content-length" not in fields:
+                    raise ValueError(f"answer {len(answers) + 1} has no Content-Length: {head}")
+                size = int(fields["content-length"])
+                if len(buf) >= end + 4 + size:
+                    answers.append((int(head[0].split()[1]), buf[end + 4:end + 4 + size]))
+                    buf = buf[end + 4 + size:]
+                    continue
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ValueError(f"connection closed after {len(answers)} of {len(requests)} "
+                                 "answers")
+            buf += chunk
+    return answers
+
+
+def verify_pipelined(url: str, path: str, *, method: str, headers: str,
+                     bodies: list[str] | None, expected: list[bool] | None, depth: int) -> None:
+    """``2 * depth`` requests of a target pipelined on one connection (:func:`pipelined`):
+    SystemExit unless every answer is a 200 and, with ``expected``, each ``allowed`` is the
+    dataset's answer for its body, in order."""
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    count = 2 * depth
+    sample = [bodies[k % len(bodies)] for k in range(count)] if bodies else [None] * count
+    answers = pipelined(host, int(port), [http_request(method, path, f"{host}:{port}", headers, b)
+                                          for b in sample])
+    for k, (status, body) in enumerate(answers):
+        if status != 200:
+            raise SystemExit(f"pipelined {method} {path}, answer {k + 1} of {count}: {status} "
+                             f"{body[:200]!r}")
+        if expected is not None and json.loads(body)["allowed"] is not expected[k % len(expected)]:
+            raise SystemExit(f"pipelined {method} {path}, answer {k + 1} of {count}: allowed "
+                             f"is not {expected[k % len(expected)]} for {sample[k]}")
+
+
 def wrk(url: str, path: str, *, method: str, headers: str, bodies: Path | None, conc: int,
-        seconds: float) -> dict[str, Any]:
+        seconds: float, pipeline: int = 1) -> dict[str, Any]:
     env = {**os.environ, "WRK_METHOD": method, "WRK_PATH": path, "WRK_HEADERS": headers,
-           "WRK_BODIES": str(bodies) if bodies else ""}
+           "WRK_BODIES": str(bodies) if bodies else "", "WRK_PIPELINE": str(pipeline)}
     out = subprocess.run([*CLIENT_CPUS, "wrk", "-t1", f"-c{conc}", f"-d{seconds:g}s",
                           "--timeout", "5s", "-s", str(LUA), url], env=env,
                          capture_output=True, text=True, check=True).stdout
@@ -153,13 +240,15 @@ def wrk(url: str, path: str, *, method: str, headers: str, bodies: Path | None, 
 
 
 def measure(target: str, rnd: int, url: str, pid: int, path: str, *, method: str, headers: str,
-            bodies: Path | None, conc: int, seconds: float, warmup: float) -> Row:
+            bodies: Path | None, conc: int, seconds: float, warmup: float,
+            pipeline: int = 1) -> Row:
     if warmup > 0:
-        wrk(url, path, method=method, headers=headers, bodies=bodies, conc=conc, seconds=warmup)
+        wrk(url, path, method=method, headers=headers, bodies=bodies, conc=conc, seconds=warmup,
+            pipeline=pipeline)
     before, client0, busy0 = cpu_seconds(pid), _children_cpu(), machine_busy_seconds()
     t0 = time.monotonic()
     res = wrk(url, path, method=method, headers=headers, bodies=bodies, conc=conc,
-              seconds=seconds)
+              seconds=seconds, pipeline=pipeline)
     cpu, wall = cpu_seconds(pid) - before, time.monotonic() - t0
     client, busy = _children_cpu() - client0, machine_busy_seconds() - busy0
     n = max(res["requests"], 1)
@@ -167,7 +256,7 @@ def measure(target: str, rnd: int, url: str, pid: int, path: str, *, method: str
                                   "status_errors", "timeouts"))
     return Row(rnd, target, conc, res["requests"] / (res["duration_us"] / 1e6),
                res["p50_us"] / 1000, res["p99_us"] / 1000, cpu / wall, cpu / n * 1e6, errors,
-               client / wall, max(busy - cpu - client, 0.0) / wall)
+               client / wall, max(busy - cpu - client, 0.0) / wall, pipeline)
 
 
 def spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -208,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-cpus", default=None,
                     help="pin the engine started here to these CPUs (taskset -c LIST)")
     ap.add_argument("--client-cpus", default=None, help="pin wrk to these CPUs (taskset -c)")
+    ap.add_argument("--pipeline", default="1", type=parse_depths,
+                    help="HTTP/1.1 pipelining depths, requests per write on each connection "
+                         "(e.g. 1,8,16; default 1: none)")
     ap.add_argument("--json", default=None, metavar="PATH")
     args = ap.parse_args(argv)
     if shutil.which("wrk") is None:
@@ -222,14 +314,19 @@ def main(argv: list[str] | None = None) -> int:
     bindir = Path(sys.executable).parent
     tmp = Path(tempfile.mkdtemp(prefix="bench_ceiling_"))
     bodies = tmp / "bodies.jsonl"
+    check_bodies: list[str] = []
+    allowed: list[bool] = []
     with open(args.dataset / "checks.jsonl", "rb") as src, open(bodies, "w") as dst:
         for k, line in enumerate(src):
             if k >= args.limit:
                 break
             c = json.loads(line)
-            dst.write(json.dumps({"tuple_key": {"object": c["object"], "relation": c["relation"],
-                                                "user": c["user"]}},
-                                 separators=(",", ":")) + "\n")
+            check_bodies.append(json.dumps({"tuple_key": {"object": c["object"],
+                                                          "relation": c["relation"],
+                                                          "user": c["user"]}},
+                                           separators=(",", ":")))
+            allowed.append(bool(c["allowed"]))
+            dst.write(check_bodies[-1] + "\n")
     check_path = f"/v1/stores/{store_id}/check"
     key_header = f"Authorization: Bearer {args.api_key}\n"
 
@@ -270,35 +367,49 @@ def main(argv: list[str] | None = None) -> int:
             "bare-auth": (bare_url, bare.pid, "/v1/edge/auth", "GET", auth_headers, None),
             "auth": (engine_url, engine_pid, "/v1/edge/auth", "GET", auth_headers, None),
         }
+        answers = {"check": allowed}  # the bare server's answer is fixed: its status only
+        for depth in args.pipeline:
+            for target in targets:
+                if depth > 1:
+                    url, _, path, method, headers, body_file = plan[target]
+                    verify_pipelined(url, path, method=method, headers=headers,
+                                     bodies=check_bodies if body_file else None,
+                                     expected=answers.get(target), depth=depth)
         rows: list[Row] = []
-        print(f"{'round':>5} {'target':<10} {'conc':>4} {'req/s':>9} {'p50 ms':>7} "
+        print(f"{'round':>5} {'target':<10} {'conc':>4} {'depth':>5} {'req/s':>9} {'p50 ms':>7} "
               f"{'p99 ms':>7} {'cores':>5} {'µs/req':>7} {'errors':>6} {'client':>6} "
               f"{'other':>5}")
         for rnd in range(1, args.rounds + 1):
             for conc in levels:
-                for target in targets:
-                    url, pid, path, method, headers, body_file = plan[target]
-                    row = measure(target, rnd, url, pid, path, method=method, headers=headers,
-                                  bodies=body_file, conc=conc, seconds=args.duration,
-                                  warmup=args.warmup)
-                    rows.append(row)
-                    print(f"{rnd:>5} {target:<10} {conc:>4} {row.requests_per_s:>9,.0f} "
-                          f"{row.p50_ms:>7.2f} {row.p99_ms:>7.2f} {row.server_cores:>5.2f} "
-                          f"{row.server_us_per_request:>7.1f} {row.errors:>6} "
-                          f"{row.client_cores:>6.2f} {row.other_cores:>5.2f}", flush=True)
-        print("\nratios to the bare twin (same round and level): by req/s, by server µs/req")
+                for depth in args.pipeline:
+                    for target in targets:
+                        url, pid, path, method, headers, body_file = plan[target]
+                        row = measure(target, rnd, url, pid, path, method=method,
+                                      headers=headers, bodies=body_file, conc=conc,
+                                      seconds=args.duration, warmup=args.warmup, pipeline=depth)
+                        rows.append(row)
+                        print(f"{rnd:>5} {target:<10} {conc:>4} {depth:>5} "
+                              f"{row.requests_per_s:>9,.0f} "
+                              f"{row.p50_ms:>7.2f} {row.p99_ms:>7.2f} {row.server_cores:>5.2f} "
+                              f"{row.server_us_per_request:>7.1f} {row.errors:>6} "
+                              f"{row.client_cores:>6.2f} {row.other_cores:>5.2f}", flush=True)
+        print("\nratios to the bare twin (same round, level and depth): by req/s, by server "
+              "µs/req")
         ratios = []
         for row in rows:
             twin = {"check": "bare-check", "auth": "bare-auth"}.get(row.target)
             base = next((r for r in rows if r.target == twin and r.round == row.round
-                         and r.concurrency == row.concurrency), None)
+                         and r.concurrency == row.concurrency
+                         and r.pipeline == row.pipeline), None)
             if base is None:
                 continue
             by_rate = row.requests_per_s / base.requests_per_s
             by_cpu = base.server_us_per_request / row.server_us_per_request
             ratios.append({"round": row.round, "target": row.target,
-                           "concurrency": row.concurrency, "by_rate": by_rate, "by_cpu": by_cpu})
+                           "concurrency": row.concurrency, "pipeline": row.pipeline,
+                           "by_rate": by_rate, "by_cpu": by_cpu})
             print(f"  round {row.round} {row.target:<6} c={row.concurrency:<3} "
+                  f"depth={row.pipeline:<3} "
                   f"{by_rate:6.1%} by req/s  {by_cpu:6.1%} by CPU "
                   f"({row.server_us_per_request:.1f} vs {base.server_us_per_request:.1f} µs)")
         if args.json:

@@ -4,8 +4,15 @@
 -- WRK_PATH     request path
 -- WRK_BODIES   file with one request body per line (optional: no body when unset)
 -- WRK_HEADERS  extra headers, "Name: value" separated by "\n" (Authorization, X-Forwarded-*)
+-- WRK_PIPELINE requests per write, HTTP/1.1 pipelining (optional, default 1: one at a time)
 -- Every request is formatted once at start-up; each connection cycles through them from its own
 -- offset, so the script costs wrk a table lookup per request.
+--
+-- With WRK_PIPELINE=N > 1 (wrk's pipeline.lua pattern), the requests are concatenated N at a time
+-- at start-up, in their order (the last group wraps around to the first requests), and each
+-- write sends one such group: wrk counts the requests in the first group (its "pipeline" depth),
+-- writes the next group when all N answers are in, and records each answer's latency from the
+-- group's write. Every group holds N requests, so the depth wrk counted holds for every write.
 
 local reqs = {}
 local n = 0
@@ -33,8 +40,22 @@ local function build()
   end
 end
 
+local function pipeline(depth)
+  if depth <= 1 then return end
+  local groups, count = {}, math.ceil(n / depth)
+  for g = 1, count do
+    local parts = {}
+    for k = 1, depth do
+      parts[k] = reqs[((g - 1) * depth + k - 1) % n + 1]
+    end
+    groups[g] = table.concat(parts)
+  end
+  reqs, n = groups, count
+end
+
 init = function(args)
   build()
+  pipeline(tonumber(os.getenv("WRK_PIPELINE") or "1") or 1)
   i = math.random(n) - 1
 end
 
