@@ -73,6 +73,19 @@ async def _challenged_decisions(console: ConsoleService, project_id: str) -> lis
     return [r["decision"] for r in rows]
 
 
+async def _on_a_new_device(console: ConsoleService, console_db: str, browser: webdriver.Chrome,
+                           who: Tenant, operators: str) -> None:
+    """``who``'s operator signs in, adds a passkey ("Laptop") and signs out; then the operator
+    project challenges new devices and the browser says it is Firefox on Windows: the next
+    sign-in is challenged."""
+    await signed_in(browser, console, who)
+    said = await asyncio.to_thread(add_passkey, browser, console.base_url, "Laptop")
+    assert said == "Added the passkey Laptop.", said
+    await asyncio.to_thread(_sign_out, browser)
+    await challenge_new_devices(console_db, operators)
+    await asyncio.to_thread(pretend, browser, FIREFOX_WINDOWS)
+
+
 async def test_a_challenged_passkey_sign_in_is_confirmed_with_the_passkey(
         console: ConsoleService, console_db: str, browser: webdriver.Chrome,
         tmp_path: Path) -> None:
@@ -81,12 +94,7 @@ async def test_a_challenged_passkey_sign_in_is_confirmed_with_the_passkey(
     authenticator = await asyncio.to_thread(add_authenticator, browser)
     try:
         async with kept_on_failure(browser, tmp_path / "failure"):
-            await signed_in(browser, console, acme)
-            said = await asyncio.to_thread(add_passkey, browser, console.base_url, "Laptop")
-            assert said == "Added the passkey Laptop.", said
-            await asyncio.to_thread(_sign_out, browser)
-            await challenge_new_devices(console_db, operators)
-            await asyncio.to_thread(pretend, browser, FIREFOX_WINDOWS)
+            await _on_a_new_device(console, console_db, browser, acme, operators)
             await asyncio.to_thread(console_log, browser)
 
             said = await asyncio.to_thread(passkey_sign_in, browser, console.base_url)
@@ -128,12 +136,7 @@ async def test_a_challenged_link_sign_in_is_confirmed_with_a_step_up_link(
     authenticator = await asyncio.to_thread(add_authenticator, browser)
     try:
         async with kept_on_failure(browser, tmp_path / "failure"):
-            await signed_in(browser, console, acme)
-            said = await asyncio.to_thread(add_passkey, browser, console.base_url, "Laptop")
-            assert said == "Added the passkey Laptop.", said
-            await asyncio.to_thread(_sign_out, browser)
-            await challenge_new_devices(console_db, operators)
-            await asyncio.to_thread(pretend, browser, FIREFOX_WINDOWS)
+            await _on_a_new_device(console, console_db, browser, acme, operators)
 
             said = await asyncio.to_thread(request_link, browser, console.base_url,
                                            acme.operator_email)
