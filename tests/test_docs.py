@@ -16,6 +16,8 @@ blocks run.
   an HTTP error. Each ``# -> {...}`` comment is compared with the last JSON value the commands
   above it printed: the keys and values it gives (``...`` ends an object or array that may hold
   more, stands for any value, or inside a string for any text).
+* **The walkthrough on the docs pages**: its blocks that go on from the Quickstart's variables and
+  run offline in seconds (``WALKTHROUGH``) run the same way after the README's.
 """
 
 from __future__ import annotations
@@ -68,10 +70,12 @@ class Block:
     lang: str
     line: int
     lines: list[str]
+    page: str = "README.md"
 
 
-def split_fences(text: str) -> tuple[list[tuple[int, str]], list[Block]]:
-    """``text``'s lines outside fenced code blocks (``(line number, line)``) and its blocks."""
+def split_fences(text: str, page: str = "README.md") -> tuple[list[tuple[int, str]], list[Block]]:
+    """``text``'s lines outside fenced code blocks (``(line number, line)``) and its blocks (of
+    ``page``, the repository path they are said to be from)."""
     prose: list[tuple[int, str]] = []
     blocks: list[Block] = []
     fence: str | None = None
@@ -80,7 +84,7 @@ def split_fences(text: str) -> tuple[list[tuple[int, str]], list[Block]]:
         if fence is None:
             if m:
                 fence = m.group(1)
-                blocks.append(Block(m.group(2).lower(), number + 1, []))
+                blocks.append(Block(m.group(2).lower(), number + 1, [], page))
             else:
                 prose.append((number, line))
         elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2):
@@ -369,9 +373,10 @@ MARKER = "@@authio-docs-check {}@@"
 
 @dataclass
 class Expectation:
-    """A ``# -> ...`` comment: where it is (README line), its text, and the check it follows."""
+    """A ``# -> ...`` comment: where it is (``README.md:81``), its text, and the check it
+    follows."""
 
-    line: int
+    where: str
     text: str
     check: int
 
@@ -520,19 +525,38 @@ def json_values(output: str) -> list[Any]:
     return found
 
 
-def sh_blocks(text: str) -> list[Block]:
-    """The page's ``sh`` (or ``bash``) blocks, in order."""
-    return [b for b in split_fences(text)[1] if b.lang in ("sh", "bash", "shell")]
+def sh_blocks(text: str, page: str = "README.md") -> list[Block]:
+    """The ``sh`` (or ``bash``) blocks of ``page``, whose text is ``text``, in order."""
+    return [b for b in split_fences(text, page)[1] if b.lang in ("sh", "bash", "shell")]
+
+
+# curl failing on an HTTP error with the answer's body. The development mailbox is read again
+# (for up to 10 s) while it is empty: the outbox worker delivers a message just after the request
+# that queued it, before a person types the next command, not always before a script's.
+_CURL = """curl() {
+  if [[ "$*" == */v1/dev/mailbox* ]]; then
+    local out _
+    for _ in $(seq 100); do
+      out=$(command curl --fail-with-body -sS "$@") || { printf '%s' "$out"; return 22; }
+      [[ "$out" == *'"data":[]'* ]] || break
+      sleep 0.1
+    done
+    printf '%s' "$out"
+  else
+    command curl --fail-with-body -sS "$@"
+  fi
+}"""
 
 
 def script(blocks: list[Block], *, token: str, base: str) -> tuple[str, list[Expectation]]:
-    """One bash script running ``blocks`` in order: strict (``set -euo pipefail``; ``curl``
-    fails on an HTTP error and says why), ``TOKEN=``/``BASE=`` lines replaced, and a marker line
+    """One bash script running ``blocks`` in order: strict (``set -euo pipefail``; ``curl`` as
+    :data:`_CURL` has it), ``TOKEN=``/``BASE=`` lines replaced, and a marker line
     printed before each block and before each ``# ->`` comment, so that the output between two
     markers is that of the commands between them. Returns it with the expectations (their text
     continued over the comment lines that follow until its brackets close; the README's
-    ``http://127.0.0.1:8080`` replaced with ``base``)."""
-    out = ["set -euo pipefail", 'curl() { command curl --fail-with-body -sS "$@"; }']
+    ``http://127.0.0.1:8080`` and ``http://localhost:8080`` given ``base``'s port)."""
+    out = ["set -euo pipefail", _CURL]
+    port = base.rpartition(":")[2]
     expectations: list[Expectation] = []
     check = 0
 
@@ -557,8 +581,9 @@ def script(blocks: list[Block], *, token: str, base: str) -> tuple[str, list[Exp
                     i += 1
                     text += " " + lines[i].lstrip()[1:].strip()
                 mark()
-                expectations.append(Expectation(block.line + first, text.replace("http://127.0.0.1:8080", base),
-                                                check))
+                expectations.append(Expectation(f"{block.page}:{block.line + first}",
+                                                re.sub(r"(http://(?:127\.0\.0\.1|localhost)):8080\b",
+                                                       rf"\1:{port}", text), check))
             out.append(line)
             i += 1
     mark()
@@ -588,10 +613,10 @@ def check_output(stdout: str, expectations: list[Expectation]) -> tuple[list[str
         compared += 1
         values = json_values(printed.get(e.check, ""))
         if not values:
-            failures.append(f"line {e.line}: # -> {e.text}\n    no JSON printed: {printed.get(e.check, '')!r}")
+            failures.append(f"{e.where}: # -> {e.text}\n    no JSON printed: {printed.get(e.check, '')!r}")
             continue
         if found := mismatches(expected, values[-1]):
-            failures.append(f"line {e.line}: # -> {e.text}\n    got {json.dumps(values[-1])}\n    "
+            failures.append(f"{e.where}: # -> {e.text}\n    got {json.dumps(values[-1])}\n    "
                             + "\n    ".join(found))
     return failures, compared
 
@@ -635,16 +660,19 @@ def test_script_checks_each_expectation() -> None:
     blocks = sh_blocks(page)
     text, expectations = script(blocks[1:], token="t0k", base="http://127.0.0.1:9")
     assert "TOKEN='t0k'" in text and "BASE='http://127.0.0.1:9'" in text
-    assert [(e.line, e.text) for e in expectations] == [
-        (9, '{"n":1,"url":"http://127.0.0.1:9/x",...}'), (11, '{"path":[ "a","b"]}'), (14, '{"n":2,...}'),
-        (17, "204 No Content")]
+    assert [(e.where, e.text) for e in expectations] == [
+        ("README.md:9", '{"n":1,"url":"http://127.0.0.1:9/x",...}'), ("README.md:11", '{"path":[ "a","b"]}'),
+        ("README.md:14", '{"n":2,...}'), ("README.md:17", "204 No Content")]
     stdout = ("\n@@authio-docs-check 1@@\n" '{"n":1,"url":"http://127.0.0.1:9/x"}\n'
               "\n@@authio-docs-check 2@@\n" 'noise\n{"path":["a","b"]}\n'
               "\n@@authio-docs-check 3@@\n" '{"n":3}\n'
               "\n@@authio-docs-check 4@@\n" "[1]\n" "\n@@authio-docs-check 5@@\n")
     failures, compared = check_output(stdout, expectations)
     assert compared == 3
-    assert failures == ['line 14: # -> {"n":2,...}\n    got {"n": 3}\n    $.n: 3, 2 expected']
+    assert failures == ['README.md:14: # -> {"n":2,...}\n    got {"n": 3}\n    $.n: 3, 2 expected']
+    _, [local] = script(sh_blocks('```sh\necho\n# -> {"a":"http://localhost:8080/p","b":"http://127.0.0.1:80800"}\n```\n'),
+                        token="t", base="http://127.0.0.1:9")
+    assert local.text == '{"a":"http://localhost:9/p","b":"http://127.0.0.1:80800"}'
 
 
 def test_readme_first_block_is_the_two_commands() -> None:
@@ -663,23 +691,20 @@ def docs_database_url(database_url: str) -> Iterator[str]:
         yield url
 
 
-async def test_readme_shell_blocks_run(http: ClientSession, docs_database_url: str, redis_url: str,
-                                       redis_prefix: str) -> None:
-    """Every ``sh`` block of the README after the first runs with bash against ``authio serve``,
-    and every comparable ``# ->`` comment matches what the commands above it printed."""
+async def run_blocks(http: ClientSession, database_url: str, redis_url: str, redis_prefix: str,
+                     blocks: list[Block]) -> tuple[list[str], int]:
+    """Run ``blocks`` as :func:`script` makes them against an ``authio serve`` of their own on
+    ``database_url`` (the bootstrap token set, no other set-up); fails the test when bash does
+    not exit 0 within 120 s. Returns :func:`check_output`'s failures and count."""
     debian_packages(["curl"], present=lambda: shutil.which("curl") is not None,
                     needed_by="the README's shell blocks")
-    blocks = sh_blocks((ROOT / "README.md").read_text(encoding="utf-8"))[1:]
-    assert any(re.match(r"^TOKEN=", line) for b in blocks for line in b.lines), \
-        "no README block sets TOKEN= (the Quickstart)"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OTEL_", "SERVICE_")) and k not in ("PORT", "DATABASE_URL", "REDIS_URL")}
-    env.update(DATABASE_URL=docs_database_url, REDIS_URL=redis_url, SERVICE_REDIS_PREFIX=redis_prefix + "docs:",
+    env.update(DATABASE_URL=database_url, REDIS_URL=redis_url, SERVICE_REDIS_PREFIX=redis_prefix + "docs:",
                SERVICE_BOOTSTRAP_TOKEN=BOOTSTRAP_TOKEN, SERVICE_KMS_KEY=os.environ["SERVICE_KMS_KEY"],
                SERVICE_PG_POOL_MAX="4", OTEL_EXPORTER="none", SERVICE_LOG_LEVEL="WARNING")
     async with serve_process(http, env) as served:
-        base = f"http://127.0.0.1:{served.port}"
-        text, expectations = script(blocks, token=BOOTSTRAP_TOKEN, base=base)
+        text, expectations = script(blocks, token=BOOTSTRAP_TOKEN, base=f"http://127.0.0.1:{served.port}")
         shell_env = {k: v for k, v in os.environ.items() if not k.startswith(("SERVICE_", "AUTHIO_"))}
         proc = await asyncio.create_subprocess_exec(
             "bash", "-c", text, cwd=ROOT, env=shell_env,
@@ -689,10 +714,52 @@ async def test_readme_shell_blocks_run(http: ClientSession, docs_database_url: s
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            pytest.fail(f"the README's shell blocks did not end within 120 s: {served.logs()}")
+            pytest.fail(f"the shell blocks did not end within 120 s: {served.logs()}")
     stdout, stderr = stdout_b.decode(errors="replace"), stderr_b.decode(errors="replace")
     assert proc.returncode == 0, (f"bash exited {proc.returncode}\nstdout:\n{stdout}\nstderr:\n{stderr}\n"
                                   f"service log:\n{served.logs()}")
-    failures, compared = check_output(stdout, expectations)
-    assert not failures, "README: a # -> comment differs from the output:\n" + "\n".join(failures)
-    assert compared >= 2, f"only {compared} '# ->' comments were compared: {expectations}"
+    return check_output(stdout, expectations)
+
+
+def readme_blocks() -> list[Block]:
+    """The README's ``sh`` blocks after the first (the two commands)."""
+    blocks = sh_blocks((ROOT / "README.md").read_text(encoding="utf-8"))[1:]
+    assert any(re.match(r"^TOKEN=", line) for b in blocks for line in b.lines), \
+        "no README block sets TOKEN= (the Quickstart)"
+    return blocks
+
+
+async def test_readme_shell_blocks_run(http: ClientSession, docs_database_url: str, redis_url: str,
+                                       redis_prefix: str) -> None:
+    """Every ``sh`` block of the README after the first runs with bash against ``authio serve``,
+    and every comparable ``# ->`` comment matches what the commands above it printed."""
+    failures, compared = await run_blocks(http, docs_database_url, redis_url, redis_prefix, readme_blocks())
+    assert not failures, "a # -> comment differs from the output:\n" + "\n".join(failures)
+    assert compared >= 2, f"only {compared} '# ->' comments were compared"
+
+
+# The walkthrough's blocks on the docs pages that go on from the Quickstart's variables and run
+# here (offline, in seconds): the page and a text of the block (its first sh block holding it).
+WALKTHROUGH = (("docs/sign-in.md", "# 5. "), ("docs/scim.md", "/scim-token"), ("docs/portal.md", "/v1/portal/links"))
+
+
+def walkthrough_blocks() -> list[Block]:
+    """The :data:`WALKTHROUGH` blocks, in its order; fails naming one no longer found."""
+    found = []
+    for page, text in WALKTHROUGH:
+        blocks = [b for b in sh_blocks((ROOT / page).read_text(encoding="utf-8"), page)
+                  if any(text in line for line in b.lines)]
+        assert blocks, f"{page}: no sh block holds {text!r} any more (tests/test_docs.py WALKTHROUGH)"
+        found.append(blocks[0])
+    return found
+
+
+async def test_walkthrough_blocks_run(http: ClientSession, docs_database_url: str, redis_url: str,
+                                      redis_prefix: str) -> None:
+    """The walkthrough's runnable blocks on the docs pages, after the Quickstart: users,
+    organizations and sign-in by magic link through the development mailbox (steps 5 to 7), a
+    SCIM token and an admin portal link; their ``# ->`` comments match the output."""
+    failures, compared = await run_blocks(http, docs_database_url, redis_url, redis_prefix,
+                                          readme_blocks() + walkthrough_blocks())
+    assert not failures, "a # -> comment differs from the output:\n" + "\n".join(failures)
+    assert compared >= 5, f"only {compared} '# ->' comments were compared"
