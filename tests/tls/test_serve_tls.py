@@ -13,9 +13,12 @@ one.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import signal
 import socket
 import ssl
+import termios
 import threading
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -326,3 +329,46 @@ async def test_bad_tls_settings_stop_the_start(tls_database_url: str, redis_url:
         assert proc.returncode != 0, what
         assert b"SERVICE_TLS_CERT_FILE" in out + err, (what, out, err)
 
+
+
+def _on_a_terminal(slave: int) -> None:
+    """In the child: a session of its own whose controlling terminal is the pty ``slave``,
+    as for a service started by hand in a shell."""
+    os.setsid()
+    fcntl.ioctl(slave, termios.TIOCSCTTY, 0)
+
+
+async def test_an_encrypted_key_without_its_passphrase_file_stops_the_start_on_a_terminal(
+        tls_database_url: str, redis_url: str, redis_prefix: str, tmp_path: Path,
+        ca: trustme.CA) -> None:
+    """Given no passphrase, OpenSSL asks for one on the controlling terminal ("Enter PEM pass
+    phrase:") and waits there: started from a shell, the service hung instead of saying what is
+    missing. Here ``authio serve`` runs with a pseudo-terminal as its controlling terminal and
+    must stop at once, naming the variables, with nothing asked on the terminal."""
+    files = issue(ca, tmp_path / "a", key_type=RSA)
+    _encrypt_key(files, b"secret")
+    env = {**service_env(tls_database_url, redis_url, redis_prefix, None),
+           "SERVICE_TLS_CERT_FILE": str(files.cert), "SERVICE_TLS_KEY_FILE": str(files.key)}
+    master, slave = os.openpty()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            AUTHIO, "serve", "all", env=env, stdin=slave, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, preexec_fn=lambda: _on_a_terminal(slave))
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        except TimeoutError:
+            proc.kill()
+            out, err = await proc.communicate()
+            os.set_blocking(master, False)
+            try:
+                asked = os.read(master, 4096)
+            except BlockingIOError:
+                asked = b""
+            pytest.fail(f"still running after 60 s; the terminal was asked {asked!r}; it said:\n"
+                        f"{(out + err).decode()[-2000:]}")
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert proc.returncode != 0
+    assert b"SERVICE_TLS_KEY_PASSWORD_FILE" in out + err or b"SERVICE_TLS_CERT_FILE" in out + err, \
+        (out, err)
