@@ -19,6 +19,7 @@ from authio_client.models import (
     AuditEvent,
     CheckResult,
     Deleted,
+    Invitation,
     Membership,
     Organization,
     Page,
@@ -205,6 +206,42 @@ def remove_membership(org_id: str, membership_id: str) -> Call[Deleted]:
     """Remove a user from the organization."""
     return Call("DELETE", f"/v1/organizations/{_seg(org_id)}/memberships/{_seg(membership_id)}",
                 lambda r: Deleted.from_json(r.body), idempotent=True)
+
+
+# -- invitations -------------------------------------------------------------------------------
+
+
+def create_invitation(org_id: str, email: str, *, role: str | None = None) -> Call[Invitation]:
+    """Invite ``email`` to the organization with ``role`` (``member`` by default; ``POST
+    /v1/organizations/{org_id}/invitations``): the invitation is ``pending`` until its e-mailed
+    link is used, for ``SERVICE_INVITATION_TTL_SECONDS`` (7 days by default). Raises
+    OrganizationNotFound, InvitationPending (409: one is pending for that e-mail),
+    AlreadyAMember (409), InvalidRequest (``invalid_email`` 422)."""
+    body = _changes(email=email, role=role if role is not None else UNSET)
+    return Call("POST", f"/v1/organizations/{_seg(org_id)}/invitations",
+                lambda r: Invitation.from_json(r.body), json=body)
+
+
+def get_invitation(org_id: str, invitation_id: str) -> Call[Invitation]:
+    """One invitation of the organization; InvitationNotFound when it has none by that id."""
+    return Call("GET", f"/v1/organizations/{_seg(org_id)}/invitations/{_seg(invitation_id)}",
+                lambda r: Invitation.from_json(r.body), idempotent=True)
+
+
+def list_invitations(org_id: str, *, status: str | None = None, limit: int | None = None,
+                     cursor: str | None = None) -> Call[Page[Invitation]]:
+    """A page of the organization's invitations in creation order; ``status`` (``pending``,
+    ``accepted``, ``revoked``, ``expired``) filters. Raises OrganizationNotFound."""
+    return Call("GET", f"/v1/organizations/{_seg(org_id)}/invitations", _page(Invitation.from_json),
+                params={"status": status, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def revoke_invitation(org_id: str, invitation_id: str) -> Call[Invitation]:
+    """Revoke a pending invitation: its link stops working; answers it ``revoked``. Raises
+    InvitationNotFound, InvitationNotPending (409: already accepted, revoked or expired)."""
+    # Not resent after a broken connection: a revoke that went through would then answer 409.
+    return Call("POST", f"/v1/organizations/{_seg(org_id)}/invitations/{_seg(invitation_id)}/revoke",
+                lambda r: Invitation.from_json(r.body))
 
 
 # -- API keys -----------------------------------------------------------------------------------

@@ -35,6 +35,9 @@ __all__ = [
     "InvalidApiKey",
     "InvalidRequest",
     "InvalidSession",
+    "InvitationNotFound",
+    "InvitationNotPending",
+    "InvitationPending",
     "MembershipNotFound",
     "MissingApiKey",
     "NoSession",
@@ -193,6 +196,10 @@ class MembershipNotFound(NotFound):
     default_code = "membership_not_found"
 
 
+class InvitationNotFound(NotFound):
+    default_code = "invitation_not_found"
+
+
 class StoreNotFound(NotFound):
     default_code = "store_not_found"
 
@@ -203,6 +210,18 @@ class SlugInUse(Conflict):
 
 class AlreadyAMember(Conflict):
     default_code = "already_a_member"
+
+
+class InvitationPending(Conflict):
+    """409 ``invitation_pending``: a pending invitation for that e-mail exists already."""
+
+    default_code = "invitation_pending"
+
+
+class InvitationNotPending(Conflict):
+    """409 ``invitation_not_pending``: the invitation was accepted, revoked or expired."""
+
+    default_code = "invitation_not_pending"
 
 
 class RevisionAhead(InvalidRequest):
@@ -242,7 +261,8 @@ CODES: dict[str, type[AuthioError]] = {
     cls.default_code: cls
     for cls in (MissingApiKey, InvalidApiKey, NoSession, InvalidSession, InsufficientScope,
                 UserNotFound, OrganizationNotFound, MembershipNotFound, StoreNotFound, SlugInUse,
-                AlreadyAMember, RevisionAhead, ResolutionTooComplex, IdempotencyKeyReused,
+                AlreadyAMember, InvitationNotFound, InvitationPending, InvitationNotPending,
+                RevisionAhead, ResolutionTooComplex, IdempotencyKeyReused,
                 DbUnavailable, RevisionNotReached, RateLimited, Forbidden, NotFound,
                 InvalidRequest)
 }

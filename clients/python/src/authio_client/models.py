@@ -17,6 +17,7 @@ __all__ = [
     "AuditEvent",
     "CheckResult",
     "Deleted",
+    "Invitation",
     "Membership",
     "Organization",
     "Page",
@@ -131,6 +132,29 @@ class Membership:
         return cls(d["id"], d["organization_id"], d["user_id"], d["role"], d["status"],
                    _time(d["created_at"]), _time(d["updated_at"]), d.get("organization_name"),
                    d.get("organization_slug"))
+
+
+@dataclass(frozen=True, slots=True)
+class Invitation:
+    """An invitation to an organization (``inv_``), sent by e-mail with a sign-in link that
+    accepts it. ``status`` ``pending``, ``accepted``, ``revoked`` or ``expired`` (a pending one
+    past ``expires_at``)."""
+
+    id: str
+    organization_id: str
+    email: str
+    role: str
+    status: str
+    expires_at: datetime
+    created_at: datetime
+    accepted_at: datetime | None
+    revoked_at: datetime | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Invitation:
+        return cls(d["id"], d["organization_id"], d["email"], d["role"], d["status"],
+                   _time(d["expires_at"]), _time(d["created_at"]), _opt_time(d.get("accepted_at")),
+                   _opt_time(d.get("revoked_at")))
 
 
 @dataclass(frozen=True, slots=True)
