@@ -13,17 +13,19 @@ import secrets
 from typing import Any
 
 import pytest
-from authio_client import AsyncAuthioClient, Invitation, Page
+from authio_client import AsyncAuthioClient, Invitation, Page, PortalLink, ScimToken
 from authio_client.errors import (
     InvalidRequest,
     InvitationNotFound,
     InvitationNotPending,
     InvitationPending,
     OrganizationNotFound,
+    StoreNotFound,
 )
 
 from tests.client.helpers import Sent, sync_client
-from tests.fixtures.service import Project, ts
+from tests.fixtures.service import Project, assert_error, ts
+from tests.portal.helpers import open_link
 
 
 def mail() -> str:
@@ -103,3 +105,57 @@ async def test_invitations_with_the_async_client(authio: AsyncAuthioClient, proj
     assert [i.id for i in (await authio.list_invitations(org_id, status="revoked")).data] == [made[1].id]
     with pytest.raises(InvitationNotFound):
         await authio.revoke_invitation(org_id, "inv_" + "0" * 26)
+
+
+# -- admin portal links and SCIM tokens -------------------------------------------------------
+
+
+async def test_a_portal_link_and_a_scim_token_with_the_sync_client(project: Project) -> None:
+    org_id = await _org(project)
+    store = await project.api.post("/v1/stores", {"name": "directory"})
+
+    def flow() -> tuple[PortalLink, ScimToken, ScimToken, ScimToken]:
+        with sync_client(project.api.base_url, project.key, Sent()) as c:
+            link = c.create_portal_link(org_id, "scim", ttl_seconds=600)
+            assert "ptk_" not in repr(link)  # the secret part is not in logs by accident
+            with pytest.raises(OrganizationNotFound):
+                c.create_portal_link("org_" + "0" * 26, "scim")
+            with pytest.raises(InvalidRequest) as bad:
+                c.create_portal_link(org_id, "scim", ttl_seconds=59)
+            assert bad.value.details["fields"][0]["field"] == "ttl_seconds"
+            first = c.create_organization_scim_token(org_id, store_id=store.body["id"])
+            kept = c.create_organization_scim_token(org_id)  # left out: the store stays
+            with pytest.raises(StoreNotFound):
+                c.create_organization_scim_token(org_id, store_id="store_" + "0" * 26)
+            return link, first, kept, c.create_organization_scim_token(org_id, store_id=None)
+
+    link, first, kept, last = await asyncio.to_thread(flow)
+    assert (link.organization_id, link.intent) == (org_id, "scim")
+    assert link.link.startswith(f"{project.api.base_url}/portal?token=ptk_")
+    assert 595 < (link.expires_at - link.created_at).total_seconds() <= 600
+    # The link is the service's: it opens the portal once, and it was recorded as made.
+    assert (await open_link(project.api, link.link)).status == 200
+    assert_error(await open_link(project.api, link.link), 410, "token_consumed")
+    made = await project.api.get("/v1/audit/events?type=portal.link.created")
+    assert [e["metadata"]["portal_link_id"] for e in made.body["data"]] == [link.id]
+
+    assert (first.store_id, kept.store_id, last.store_id) == (store.body["id"], store.body["id"], None)
+    assert first.base_url == kept.base_url == f"{project.api.base_url}/scim/v2"
+    # Each token replaced the one before at once: only the last opens the directory.
+    for token, status in ((first.token, 401), (kept.token, 401), (last.token, 200)):
+        r = await project.api.get("/scim/v2/Users", key=token)
+        assert r.status == status, (token, r.body)
+
+
+async def test_a_portal_link_and_a_scim_token_with_the_async_client(
+        authio: AsyncAuthioClient, project: Project) -> None:
+    org_id = await _org(project)
+    link = await authio.create_portal_link(org_id, "domain_verification")
+    assert (link.intent, round((link.expires_at - link.created_at).total_seconds())) == (
+        "domain_verification", 300)
+    assert (await open_link(project.api, link.link)).status == 200
+    token = await authio.create_organization_scim_token(org_id)
+    assert token.store_id is None and token.token.startswith("scim_")
+    assert (await project.api.get("/scim/v2/Users", key=token.token)).status == 200
+    with pytest.raises(OrganizationNotFound):
+        await authio.create_organization_scim_token("org_" + "0" * 26)

@@ -161,6 +161,8 @@ class AsyncAuthioClient:
     list_invitations = _op(ops.list_invitations)
     iter_invitations = _pages(ops.list_invitations)
     revoke_invitation = _op(ops.revoke_invitation)
+    create_portal_link = _op(ops.create_portal_link)
+    create_organization_scim_token = _op(ops.create_organization_scim_token)
     create_api_key = _op(ops.create_api_key)
     list_api_keys = _op(ops.list_api_keys)
     revoke_api_key = _op(ops.revoke_api_key)

@@ -23,8 +23,10 @@ from authio_client.models import (
     Membership,
     Organization,
     Page,
+    PortalLink,
     Project,
     Revision,
+    ScimToken,
     SigningKey,
     Store,
     StoredTuple,
@@ -242,6 +244,29 @@ def revoke_invitation(org_id: str, invitation_id: str) -> Call[Invitation]:
     # Not resent after a broken connection: a revoke that went through would then answer 409.
     return Call("POST", f"/v1/organizations/{_seg(org_id)}/invitations/{_seg(invitation_id)}/revoke",
                 lambda r: Invitation.from_json(r.body))
+
+
+# -- admin portal and SCIM ----------------------------------------------------------------------
+
+
+def create_portal_link(organization_id: str, intent: str, *,
+                       ttl_seconds: int | None = None) -> Call[PortalLink]:
+    """A one-time link to the admin portal for the organization's IT administrator (``POST
+    /v1/portal/links``): ``intent`` ``scim`` (connect a directory) or ``domain_verification``
+    (prove a domain by DNS); usable once within ``ttl_seconds`` (60 to 86,400; 300 by
+    default). Raises OrganizationNotFound, InvalidRequest."""
+    body = _changes(organization_id=organization_id, intent=intent,
+                    ttl_seconds=ttl_seconds if ttl_seconds is not None else UNSET)
+    return Call("POST", "/v1/portal/links", lambda r: PortalLink.from_json(r.body), json=body)
+
+
+def create_organization_scim_token(org_id: str, *, store_id: str | None = UNSET) -> Call[ScimToken]:
+    """Mint the organization's SCIM token, replacing its previous one at once (``POST
+    /v1/organizations/{org_id}/scim-token``). ``store_id`` the store whose tuples the
+    directory's groups write (``group:<grp_ id>#member@user:<user_ id>``), None for none; left
+    out, the organization keeps the store it had. Raises OrganizationNotFound, StoreNotFound."""
+    return Call("POST", f"/v1/organizations/{_seg(org_id)}/scim-token",
+                lambda r: ScimToken.from_json(r.body), json=_changes(store_id=store_id))
 
 
 # -- API keys -----------------------------------------------------------------------------------

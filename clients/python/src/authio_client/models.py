@@ -21,8 +21,10 @@ __all__ = [
     "Membership",
     "Organization",
     "Page",
+    "PortalLink",
     "Project",
     "Revision",
+    "ScimToken",
     "Session",
     "SigningKey",
     "Store",
@@ -155,6 +157,42 @@ class Invitation:
         return cls(d["id"], d["organization_id"], d["email"], d["role"], d["status"],
                    _time(d["expires_at"]), _time(d["created_at"]), _opt_time(d.get("accepted_at")),
                    _opt_time(d.get("revoked_at")))
+
+
+@dataclass(frozen=True, slots=True)
+class PortalLink:
+    """A one-time setup link to the admin portal (``plk_``) for an organization's IT
+    administrator: ``link`` (shown in this answer only) opens the portal once, until
+    ``expires_at``, for ``intent`` (``scim`` or ``domain_verification``). Redirect the
+    administrator to it at once rather than e-mailing it (mail scanners open links)."""
+
+    id: str
+    organization_id: str
+    intent: str
+    expires_at: datetime
+    created_at: datetime
+    link: str = field(repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PortalLink:
+        return cls(d["id"], d["organization_id"], d["intent"], _time(d["expires_at"]),
+                   _time(d["created_at"]), d["link"])
+
+
+@dataclass(frozen=True, slots=True)
+class ScimToken:
+    """An organization's new SCIM token (shown in this answer only; it replaced the previous
+    one at once): configure the directory (Entra ID's Tenant URL and Secret Token, Okta's base
+    URL and bearer token) with ``base_url`` and ``token``. ``store_id`` is the store its groups
+    write tuples to, or None."""
+
+    base_url: str
+    store_id: str | None
+    token: str = field(repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ScimToken:
+        return cls(d["base_url"], d.get("store_id"), d["token"])
 
 
 @dataclass(frozen=True, slots=True)
