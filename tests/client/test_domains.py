@@ -10,22 +10,36 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from authio_client import AsyncAuthioClient, Invitation, Page, PortalLink, ScimToken
+from authio_client import (
+    AsyncAuthioClient,
+    Invitation,
+    Page,
+    PortalLink,
+    ScimToken,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookVerificationError,
+    verify_webhook,
+)
 from authio_client.errors import (
     InvalidRequest,
     InvitationNotFound,
     InvitationNotPending,
     InvitationPending,
+    NotFound,
     OrganizationNotFound,
     StoreNotFound,
 )
 
 from tests.client.helpers import Sent, sync_client
-from tests.fixtures.service import Project, assert_error, ts
+from tests.fixtures.service import Project, assert_error, eventually, ts
 from tests.portal.helpers import open_link
+from tests.webhooks.helpers import Received, receiver
 
 
 def mail() -> str:
@@ -159,3 +173,172 @@ async def test_a_portal_link_and_a_scim_token_with_the_async_client(
     assert (await project.api.get("/scim/v2/Users", key=token.token)).status == 200
     with pytest.raises(OrganizationNotFound):
         await authio.create_organization_scim_token("org_" + "0" * 26)
+
+
+# -- webhooks -----------------------------------------------------------------------------------
+
+
+async def _user(project: Project) -> str:
+    r = await project.api.post("/v1/users", {"email": mail()})
+    assert r.status == 201, r.body
+    return str(r.body["id"])
+
+
+def _same_endpoint(got: WebhookEndpoint, raw: dict[str, Any]) -> None:
+    assert (got.id, got.url, got.events, got.description, got.status, got.disabled_reason) == (
+        raw["id"], raw["url"], raw["events"], raw["description"], raw["status"], raw["disabled_reason"])
+    assert got.created_at == ts(raw["created_at"])
+
+
+def _same_delivery(got: WebhookDelivery, raw: dict[str, Any]) -> None:
+    assert (got.id, got.event_id, got.event_type, got.status) == (
+        raw["id"], raw["event_id"], raw["event_type"], raw["status"])
+    assert [(a.at, a.status_code, a.duration_ms, a.error) for a in got.attempts] == [
+        (ts(a["at"]), a["status_code"], a["duration_ms"], a["error"]) for a in raw["attempts"]]
+    assert got.next_attempt_at == (ts(raw["next_attempt_at"]) if raw["next_attempt_at"] else None)
+    assert got.created_at == ts(raw["created_at"])
+
+
+async def _deliveries_until(project: Project, endpoint_id: str, status: str, count: int) -> None:
+    async def ready() -> bool:
+        r = await project.api.get(f"/v1/webhook-endpoints/{endpoint_id}/deliveries?status={status}")
+        return len(r.body["data"]) >= count
+    await eventually(ready, what=f"{count} {status} deliveries")
+
+
+def test_verify_webhook_refuses_what_was_not_signed_with_the_secret() -> None:
+    """The Standard Webhooks test vector (standard-webhooks/libraries), then each refusal."""
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    body = b'{"test": 2432232314}'
+    headers = {"Webhook-Id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "Webhook-Timestamp": "1614265330",
+               "Webhook-Signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}
+    assert verify_webhook(body, headers, secret, now=1614265330) == {"test": 2432232314}
+    assert verify_webhook(body.decode(), headers, secret, now=1614265330 + 299) == {"test": 2432232314}
+    rotated = {**headers, "Webhook-Signature": "v1,bm90IGl0 " + headers["Webhook-Signature"]}
+    assert verify_webhook(body, rotated, secret, now=1614265330) == {"test": 2432232314}
+    refusals: list[tuple[bytes, dict[str, str], str, float]] = [
+        (body + b" ", headers, secret, 1614265330),                           # the body changed
+        (body, headers, "whsec_" + "A" * 32, 1614265330),                      # another secret
+        (body, headers, secret, 1614265330 + 301),                             # too old
+        (body, headers, secret, 1614265330 - 301),                             # from the future
+        (body, {**headers, "Webhook-Id": "msg_other"}, secret, 1614265330),    # another id
+        (body, {k: v for k, v in headers.items() if k != "Webhook-Id"}, secret, 1614265330),
+        (body, {**headers, "Webhook-Signature": "v2," + headers["Webhook-Signature"][3:]}, secret,
+         1614265330),
+        (body, {**headers, "Webhook-Timestamp": "soon"}, secret, 1614265330),
+        (body, headers, "whsec_not base64!", 1614265330),
+    ]
+    for payload, hdrs, key, now in refusals:
+        with pytest.raises(WebhookVerificationError):
+            verify_webhook(payload, hdrs, key, now=now)
+
+
+async def test_webhook_endpoints_and_a_real_delivery_with_the_sync_client(project: Project) -> None:
+    c = sync_client(project.api.base_url, project.key, Sent())
+
+    def call(method: Any, *args: Any, **kwargs: Any) -> Any:
+        return asyncio.to_thread(method, *args, **kwargs)
+
+    try:
+        async with receiver() as hooks:
+            endpoint: WebhookEndpoint = await call(c.create_webhook_endpoint, hooks.url, ["user.created"],
+                                                   description="users")
+            assert endpoint.secret and endpoint.secret.startswith("whsec_")
+            assert endpoint.secret not in repr(endpoint)
+            hooks.secrets.append(endpoint.secret)  # the reference library checks it as well
+            raw = await project.api.get(f"/v1/webhook-endpoints/{endpoint.id}")
+            _same_endpoint(endpoint, raw.body)
+            _same_endpoint(await call(c.get_webhook_endpoint, endpoint.id), raw.body)
+
+            user_id = await _user(project)
+            [got] = await hooks.wait_for(1)
+            event = verify_webhook(got.body, got.headers, endpoint.secret)
+            assert got.verified == {endpoint.secret: True}
+            assert (event["type"], event["data"]["target_id"], event["id"]) == (
+                "user.created", user_id, got.headers["webhook-id"])
+            with pytest.raises(WebhookVerificationError):
+                verify_webhook(got.body.replace(user_id.encode(), b"user_forged"), got.headers,
+                               endpoint.secret)
+            with pytest.raises(WebhookVerificationError):  # the same message, replayed 6 min later
+                verify_webhook(got.body, got.headers, endpoint.secret, now=time.time() + 360)
+
+            await _deliveries_until(project, endpoint.id, "succeeded", 1)
+            page: Page[WebhookDelivery] = await call(c.list_webhook_deliveries, endpoint.id)
+            raw = await project.api.get(f"/v1/webhook-endpoints/{endpoint.id}/deliveries")
+            [delivery] = page.data
+            _same_delivery(delivery, raw.body["data"][0])
+            assert (delivery.event_id, delivery.status, delivery.attempts[0].status_code) == (
+                event["id"], "succeeded", 200)
+
+            replayed: WebhookDelivery = await call(c.replay_webhook_delivery, delivery.id)
+            assert replayed.id == delivery.id
+            again = (await hooks.wait_for(2))[1]
+            assert again.headers["webhook-id"] == got.headers["webhook-id"]
+            assert verify_webhook(again.body, again.headers, endpoint.secret) == event
+            with pytest.raises(NotFound):
+                await call(c.replay_webhook_delivery, "dlv_" + "0" * 26)
+
+            # After a rotation deliveries verify under the new secret, and under the old one for a day.
+            rotated: WebhookEndpoint = await call(c.rotate_webhook_endpoint_secret, endpoint.id)
+            assert rotated.secret and rotated.secret != endpoint.secret
+            await _user(project)
+            third = (await hooks.wait_for(3))[2]
+            assert verify_webhook(third.body, third.headers, rotated.secret)["type"] == "user.created"
+            assert verify_webhook(third.body, third.headers, endpoint.secret)["type"] == "user.created"
+
+            changed: WebhookEndpoint = await call(c.update_webhook_endpoint, endpoint.id, events=["*"],
+                                                  description=None)
+            raw = await project.api.get(f"/v1/webhook-endpoints/{endpoint.id}")
+            assert raw.body["events"] == ["*"] and raw.body["description"] is None
+            _same_endpoint(changed, raw.body)
+            assert (await call(c.update_webhook_endpoint, endpoint.id, status="disabled")).status == "disabled"
+            assert (await project.api.get(f"/v1/webhook-endpoints/{endpoint.id}")).body["status"] == "disabled"
+
+            deleted = await call(c.delete_webhook_endpoint, endpoint.id)
+            assert (deleted.id, deleted.deleted) == (endpoint.id, True)
+            assert (await project.api.get(f"/v1/webhook-endpoints/{endpoint.id}")).status == 404
+            with pytest.raises(NotFound) as gone:
+                await call(c.get_webhook_endpoint, endpoint.id)
+            assert (gone.value.status, gone.value.code) == (404, "not_found")
+            with pytest.raises(InvalidRequest) as bad:
+                await call(c.create_webhook_endpoint, "ftp://example.com/hooks", ["*"])
+            assert bad.value.details["fields"][0]["field"] == "url"
+    finally:
+        c.close()
+
+
+async def test_failed_deliveries_recovered_with_the_async_client(authio: AsyncAuthioClient,
+                                                                 project: Project) -> None:
+    # Four failures spend the schedule (1 + 3 retries of 0.3 s); the fifth request succeeds.
+    async with receiver(answers=[500, 500, 500, 500, 200]) as hooks:
+        before = datetime.now(UTC) - timedelta(seconds=5)
+        endpoint = await authio.create_webhook_endpoint(hooks.url, ["user.created"])
+        assert endpoint.secret
+        others = [await authio.create_webhook_endpoint(hooks.url + f"/{i}", ["user.deleted"])
+                  for i in range(2)]
+        listed = [e.id async for e in authio.iter_webhook_endpoints(limit=2)]
+        assert listed == [endpoint.id] + [o.id for o in others]
+        raw = await project.api.get("/v1/webhook-endpoints")
+        page = await authio.list_webhook_endpoints()
+        for got, item in zip(page.data, raw.body["data"], strict=True):
+            _same_endpoint(got, item)
+            assert got.secret is None
+
+        await _user(project)
+        await _deliveries_until(project, endpoint.id, "failed", 1)
+        [failed] = [d async for d in authio.iter_webhook_deliveries(endpoint.id, status="failed")]
+        assert [a.status_code for a in failed.attempts] == [500] * 4 and failed.next_attempt_at is None
+        assert await authio.recover_webhook_endpoint(endpoint.id, before) == 1
+        delivered: list[Received] = await hooks.wait_for(5)
+        assert verify_webhook(delivered[4].body, delivered[4].headers, endpoint.secret)["id"] == failed.event_id
+        await _deliveries_until(project, endpoint.id, "succeeded", 1)
+        raw = await project.api.get(f"/v1/webhook-endpoints/{endpoint.id}/deliveries")
+        [now] = (await authio.list_webhook_deliveries(endpoint.id)).data
+        _same_delivery(now, raw.body["data"][0])
+        assert now.status == "succeeded" and now.attempts[-1].status_code == 200
+        assert await authio.recover_webhook_endpoint(endpoint.id, before.isoformat()) == 0
+        with pytest.raises(ValueError, match="naive"):
+            await authio.recover_webhook_endpoint(endpoint.id, datetime.now())
+        assert (await authio.delete_webhook_endpoint(endpoint.id)).deleted
+        with pytest.raises(NotFound):
+            await authio.list_webhook_deliveries(endpoint.id)

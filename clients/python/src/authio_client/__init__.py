@@ -50,8 +50,12 @@ from authio_client.models import (
     StoredTuple,
     TupleKey,
     User,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
     WriteResult,
 )
+from authio_client.webhooks import WebhookVerificationError, verify_webhook
 
 __version__ = "0.1.0"
 
@@ -92,5 +96,10 @@ __all__ = [
     "TupleKey",
     "Unavailable",
     "User",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
+    "WebhookVerificationError",
     "WriteResult",
+    "verify_webhook",
 ]

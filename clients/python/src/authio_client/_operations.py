@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 from urllib.parse import quote
 
@@ -33,6 +33,8 @@ from authio_client.models import (
     TupleKey,
     TupleLike,
     User,
+    WebhookDelivery,
+    WebhookEndpoint,
     WriteResult,
     tuple_key,
 )
@@ -415,6 +417,91 @@ def list_audit_events(*, type: str | Sequence[str] | None = None, user: str | No
     return Call("GET", "/v1/audit/events", _page(AuditEvent.from_json),
                 params={"type": type, "user": user, "actor": actor, "from": since, "to": until,
                         "q": q, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+# -- webhooks -------------------------------------------------------------------------------------
+
+
+def _rfc3339(value: datetime | str) -> str:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("a naive datetime: give one with a time zone (UTC)")
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return value
+
+
+def create_webhook_endpoint(url: str, events: Sequence[str], *,
+                            description: str | None = None) -> Call[WebhookEndpoint]:
+    """Subscribe ``url`` to the project's events (``POST /v1/webhook-endpoints``): ``events``
+    action names (``user.created``...) or ``["*"]``. The answer's ``secret`` (shown this once)
+    is what :func:`~authio_client.verify_webhook` checks deliveries with. ``url`` must be
+    https and public unless the service runs with ``SERVICE_WEBHOOK_ALLOW_PRIVATE_URLS=true``
+    (else InvalidRequest naming ``url``). Needs ``webhooks:write``."""
+    body = _changes(url=url, events=list(events),
+                    description=description if description is not None else UNSET)
+    return Call("POST", "/v1/webhook-endpoints", lambda r: WebhookEndpoint.from_json(r.body), json=body)
+
+
+def get_webhook_endpoint(endpoint_id: str) -> Call[WebhookEndpoint]:
+    """One endpoint, without its secret; NotFound (``not_found``) when there is none."""
+    return Call("GET", f"/v1/webhook-endpoints/{_seg(endpoint_id)}",
+                lambda r: WebhookEndpoint.from_json(r.body), idempotent=True)
+
+
+def list_webhook_endpoints(*, limit: int | None = None,
+                           cursor: str | None = None) -> Call[Page[WebhookEndpoint]]:
+    """A page of the project's webhook endpoints, oldest first (without their secrets)."""
+    return Call("GET", "/v1/webhook-endpoints", _page(WebhookEndpoint.from_json),
+                params={"limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def update_webhook_endpoint(endpoint_id: str, *, url: str = UNSET, events: Sequence[str] = UNSET,
+                            description: str | None = UNSET,
+                            status: str = UNSET) -> Call[WebhookEndpoint]:
+    """Change the fields given (``PATCH /v1/webhook-endpoints/{id}``); ``status`` ``disabled``
+    stops deliveries, ``active`` enables a disabled endpoint again (then
+    :meth:`recover_webhook_endpoint` queues what failed). Raises NotFound, InvalidRequest."""
+    body = _changes(url=url, events=list(events) if events is not UNSET else UNSET,
+                    description=description, status=status)
+    return Call("PATCH", f"/v1/webhook-endpoints/{_seg(endpoint_id)}",
+                lambda r: WebhookEndpoint.from_json(r.body), json=body, idempotent=True)
+
+
+def delete_webhook_endpoint(endpoint_id: str) -> Call[Deleted]:
+    """Delete an endpoint and its deliveries: nothing more is sent to it. Raises NotFound."""
+    return Call("DELETE", f"/v1/webhook-endpoints/{_seg(endpoint_id)}",
+                lambda r: Deleted.from_json(r.body), idempotent=True)
+
+
+def rotate_webhook_endpoint_secret(endpoint_id: str) -> Call[WebhookEndpoint]:
+    """Replace the endpoint's signing secret; the answer carries the new one (shown this once).
+    For 24 hours deliveries are signed under the previous secret too, so a receiver can switch
+    without losing any. Raises NotFound."""
+    return Call("POST", f"/v1/webhook-endpoints/{_seg(endpoint_id)}/rotate-secret",
+                lambda r: WebhookEndpoint.from_json(r.body))
+
+
+def recover_webhook_endpoint(endpoint_id: str, since: datetime | str) -> Call[int]:
+    """Queue again every failed delivery of the endpoint made at or after ``since`` (an aware
+    datetime, or RFC 3339 text) and answer how many (``POST .../recover``). Raises NotFound."""
+    return Call("POST", f"/v1/webhook-endpoints/{_seg(endpoint_id)}/recover",
+                lambda r: int(r.body["requeued"]), json={"since": _rfc3339(since)})
+
+
+def list_webhook_deliveries(endpoint_id: str, *, status: str | None = None, limit: int | None = None,
+                            cursor: str | None = None) -> Call[Page[WebhookDelivery]]:
+    """A page of an endpoint's deliveries, newest first, each with every attempt; ``status``
+    (``pending``, ``succeeded``, ``failed``) filters. Raises NotFound."""
+    return Call("GET", f"/v1/webhook-endpoints/{_seg(endpoint_id)}/deliveries",
+                _page(WebhookDelivery.from_json),
+                params={"status": status, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def replay_webhook_delivery(delivery_id: str) -> Call[WebhookDelivery]:
+    """Send one delivery again now, whatever its status, with the same ``webhook-id`` (``POST
+    /v1/webhook-deliveries/{id}/replay``); answers it queued. Raises NotFound."""
+    return Call("POST", f"/v1/webhook-deliveries/{_seg(delivery_id)}/replay",
+                lambda r: WebhookDelivery.from_json(r.body))
 
 
 # -- signing keys, sessions -------------------------------------------------------------------------

@@ -32,6 +32,9 @@ __all__ = [
     "TupleKey",
     "TupleLike",
     "User",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
     "WriteResult",
     "tuple_key",
 ]
@@ -356,6 +359,65 @@ class AuditEvent:
                    d.get("user_id"), d.get("project_id"), d.get("target_type"), d.get("target_id"),
                    d.get("ip"), d.get("user_agent"), d.get("description"),
                    dict(d.get("metadata") or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookEndpoint:
+    """A webhook endpoint (``whep_``): where the project's events go (``events`` action names,
+    or ``["*"]``). ``status`` ``active`` or ``disabled`` (``disabled_reason`` ``gone`` after a
+    410, ``failing`` after five days of failures, None when disabled by an update).
+    ``secret`` (``whsec_...``, what :func:`~authio_client.verify_webhook` takes) is set only in
+    the answers of create and rotate-secret."""
+
+    id: str
+    url: str
+    events: list[str]
+    description: str | None
+    status: str
+    disabled_reason: str | None
+    created_at: datetime
+    secret: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WebhookEndpoint:
+        return cls(d["id"], d["url"], list(d.get("events") or []), d.get("description"), d["status"],
+                   d.get("disabled_reason"), _time(d["created_at"]), d.get("secret") or None)
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookAttempt:
+    """One attempt of a delivery: when, the receiver's HTTP status (None when none came), how
+    long it took in milliseconds, and what went wrong (None on success)."""
+
+    at: datetime
+    status_code: int | None
+    duration_ms: int
+    error: str | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WebhookAttempt:
+        return cls(_time(d["at"]), d.get("status_code"), int(d.get("duration_ms") or 0), d.get("error"))
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDelivery:
+    """One event sent to one endpoint (``dlv_``): ``status`` ``pending`` until it succeeds
+    (``succeeded``) or its retries run out (``failed``); every attempt, oldest first;
+    ``next_attempt_at`` None once it succeeded or failed."""
+
+    id: str
+    event_id: str
+    event_type: str
+    status: str
+    attempts: list[WebhookAttempt]
+    next_attempt_at: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WebhookDelivery:
+        return cls(d["id"], d["event_id"], d["event_type"], d["status"],
+                   [WebhookAttempt.from_json(a) for a in d.get("attempts") or []],
+                   _opt_time(d.get("next_attempt_at")), _time(d["created_at"]))
 
 
 @dataclass(frozen=True, slots=True)
