@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 from authio_client import (
     AsyncAuthioClient,
+    DataSubjectRequest,
+    Fulfilment,
     Invitation,
     Page,
     PortalLink,
@@ -342,3 +344,78 @@ async def test_failed_deliveries_recovered_with_the_async_client(authio: AsyncAu
         assert (await authio.delete_webhook_endpoint(endpoint.id)).deleted
         with pytest.raises(NotFound):
             await authio.list_webhook_deliveries(endpoint.id)
+
+
+# -- data-subject requests --------------------------------------------------------------------
+
+
+def _same_dsr(got: DataSubjectRequest, raw: dict[str, Any]) -> None:
+    assert (got.dsr_id, got.request_type, got.user_email, got.notes, got.due_days, got.status,
+            got.overdue, got.output_artifact_url, got.result) == (
+        raw["dsr_id"], raw["request_type"], raw["user_email"], raw["notes"], raw["due_days"],
+        raw["status"], raw["overdue"], raw["output_artifact_url"], raw["result"])
+    assert (got.created_at, got.due_at) == (ts(raw["created_at"]), ts(raw["due_at"]))
+    assert got.fulfilled_at == (ts(raw["fulfilled_at"]) if raw["fulfilled_at"] else None)
+
+
+async def test_data_subject_requests_with_the_sync_client(project: Project) -> None:
+    doomed, exported = mail(), mail()
+    for address in (doomed, exported):
+        assert (await project.api.post("/v1/users", {"email": address})).status == 201
+    doomed_id = (await project.api.get(f"/v1/users?email={doomed}")).body["data"][0]["id"]
+
+    def flow() -> dict[str, Any]:
+        with sync_client(project.api.base_url, project.key, Sent()) as c:
+            deletion = c.create_dsr(doomed, "deletion", due_days=45, notes="ticket 12")
+            export = c.create_dsr(exported, "export")
+            assert c.get_dsr(deletion.dsr_id) == deletion
+            pending = c.list_dsrs(status="pending", type="deletion")
+            with pytest.raises(InvalidRequest):  # an export says where its document goes
+                c.fulfill_dsr(export.dsr_id)
+            with pytest.raises(InvalidRequest):
+                c.create_dsr(doomed, "rectification")
+            with pytest.raises(NotFound):
+                c.get_dsr("dsr_" + "0" * 26)
+            return {"deletion": deletion, "export": export, "pending": pending,
+                    "deleted": c.fulfill_dsr(deletion.dsr_id), "again": c.fulfill_dsr(deletion.dsr_id),
+                    "exported": c.fulfill_dsr(export.dsr_id, output_artifact_url="https://files.example.com/1"),
+                    "all": list(c.iter_dsrs(limit=1))}
+
+    got = await asyncio.to_thread(flow)
+    deletion: DataSubjectRequest = got["deletion"]
+    assert (deletion.request_type, deletion.status, deletion.due_days, deletion.notes) == (
+        "deletion", "pending", 45, "ticket 12")
+    assert round((deletion.due_at - deletion.created_at).total_seconds()) == 45 * 86400
+    assert [d.dsr_id for d in got["pending"].data] == [deletion.dsr_id]
+
+    deleted: Fulfilment = got["deleted"]
+    assert deleted.user_found and not deleted.finishing and deleted.dsr.status == "fulfilled"
+    assert deleted.deleted and deleted.deleted["users"] == 1 and deleted.anonymized is not None
+    assert got["again"].dsr == deleted.dsr and got["again"].deleted == deleted.deleted
+    assert (await project.api.get(f"/v1/users/{doomed_id}")).status == 404  # the user is gone
+    raw = await project.api.get(f"/v1/compliance/dsr/{deletion.dsr_id}")
+    _same_dsr(deleted.dsr, raw.body)
+
+    exported_: Fulfilment = got["exported"]
+    raw = await project.api.get(f"/v1/compliance/dsr/{got['export'].dsr_id}")
+    _same_dsr(exported_.dsr, raw.body)
+    assert exported_.user_found and exported_.document is not None and exported in str(exported_.document)
+    assert exported_.sha256 == raw.body["result"]["sha256"]
+    assert exported_.dsr.output_artifact_url == "https://files.example.com/1"
+    listed = await project.api.get("/v1/compliance/dsr")
+    for mine, item in zip(got["all"], listed.body["data"], strict=True):
+        _same_dsr(mine, item)
+
+
+async def test_data_subject_requests_with_the_async_client(authio: AsyncAuthioClient,
+                                                            project: Project) -> None:
+    nobody = mail()  # an address the project never held
+    made = await authio.create_dsr(nobody, "deletion")
+    assert made.due_days == 30 and made.status == "pending" and not made.overdue
+    assert [d.dsr_id async for d in authio.iter_dsrs(overdue=False)] == [made.dsr_id]
+    assert (await authio.list_dsrs(overdue=True)).data == []
+    done = await authio.fulfill_dsr(made.dsr_id)
+    assert not done.user_found and done.dsr.status == "fulfilled" and done.dsr.fulfilled_at
+    raw = await project.api.get(f"/v1/compliance/dsr/{made.dsr_id}")
+    _same_dsr(await authio.get_dsr(made.dsr_id), raw.body)
+    assert [d.dsr_id for d in (await authio.list_dsrs(status="fulfilled")).data] == [made.dsr_id]

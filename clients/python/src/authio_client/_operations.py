@@ -18,7 +18,9 @@ from authio_client.models import (
     ApiKey,
     AuditEvent,
     CheckResult,
+    DataSubjectRequest,
     Deleted,
+    Fulfilment,
     Invitation,
     Membership,
     Organization,
@@ -502,6 +504,52 @@ def replay_webhook_delivery(delivery_id: str) -> Call[WebhookDelivery]:
     /v1/webhook-deliveries/{id}/replay``); answers it queued. Raises NotFound."""
     return Call("POST", f"/v1/webhook-deliveries/{_seg(delivery_id)}/replay",
                 lambda r: WebhookDelivery.from_json(r.body))
+
+
+# -- data-subject requests ------------------------------------------------------------------------
+
+
+def create_dsr(user_email: str, request_type: str, *, due_days: int | None = None,
+               notes: str | None = None) -> Call[DataSubjectRequest]:
+    """Record a data-subject request (``POST /v1/compliance/dsr``): ``request_type``
+    ``deletion`` or ``export`` of what the project holds about ``user_email`` (an address the
+    project does not know is accepted), due ``due_days`` (1 to 90; 30 by default, 45 for
+    CCPA) days from now; ``notes`` free text up to 2,000 characters. Answers it ``pending``.
+    Needs ``compliance:write``. Raises InvalidRequest."""
+    body = _changes(request_type=request_type, user_email=user_email,
+                    due_days=due_days if due_days is not None else UNSET,
+                    notes=notes if notes is not None else UNSET)
+    return Call("POST", "/v1/compliance/dsr", lambda r: DataSubjectRequest.from_json(r.body), json=body)
+
+
+def get_dsr(dsr_id: str) -> Call[DataSubjectRequest]:
+    """One data-subject request: its status, due date and what fulfilling it did. Raises
+    NotFound (``not_found``)."""
+    return Call("GET", f"/v1/compliance/dsr/{_seg(dsr_id)}", lambda r: DataSubjectRequest.from_json(r.body),
+                idempotent=True)
+
+
+def list_dsrs(*, status: str | None = None, type: str | None = None, overdue: bool | None = None,
+              limit: int | None = None, cursor: str | None = None) -> Call[Page[DataSubjectRequest]]:
+    """A page of the project's data-subject requests, oldest first; ``status`` (``pending``,
+    ``in_progress``, ``fulfilled``), ``type`` (``deletion``, ``export``) and ``overdue`` (True:
+    past due and not fulfilled; False: the others) filter."""
+    return Call("GET", "/v1/compliance/dsr", _page(DataSubjectRequest.from_json),
+                params={"status": status, "type": type, "overdue": overdue, "limit": limit,
+                        "cursor": cursor}, idempotent=True)
+
+
+def fulfill_dsr(dsr_id: str, *, output_artifact_url: str | None = None) -> Call[Fulfilment]:
+    """Fulfil a data-subject request (``POST /v1/compliance/dsr/{id}/fulfill``), once; again it
+    answers the first result. A deletion removes the user's rows and the tuples naming it in
+    every store at once and anonymizes its history; an export (``output_artifact_url``, where
+    its document is handed over, required) answers the JSON ``document`` of everything held
+    about the user. ``finishing`` in the answer: another process is finishing the deletion.
+    Raises NotFound, InvalidRequest."""
+    body = _changes(output_artifact_url=output_artifact_url if output_artifact_url is not None else UNSET)
+    return Call("POST", f"/v1/compliance/dsr/{_seg(dsr_id)}/fulfill",
+                lambda r: Fulfilment.from_json(r.body, finishing=r.status == 202), json=body,
+                idempotent=True)
 
 
 # -- signing keys, sessions -------------------------------------------------------------------------

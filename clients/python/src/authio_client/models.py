@@ -16,7 +16,9 @@ __all__ = [
     "ApiKey",
     "AuditEvent",
     "CheckResult",
+    "DataSubjectRequest",
     "Deleted",
+    "Fulfilment",
     "Invitation",
     "Membership",
     "Organization",
@@ -418,6 +420,64 @@ class WebhookDelivery:
         return cls(d["id"], d["event_id"], d["event_type"], d["status"],
                    [WebhookAttempt.from_json(a) for a in d.get("attempts") or []],
                    _opt_time(d.get("next_attempt_at")), _time(d["created_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class DataSubjectRequest:
+    """A data-subject request (``dsr_``): the ``deletion`` or ``export`` of what the project
+    holds about ``user_email``, due ``due_days`` days after its creation (``due_at``).
+    ``status`` ``pending``, ``in_progress`` (a deletion between its hard delete and its last
+    anonymization batch) or ``fulfilled``; ``overdue`` when past ``due_at`` and not fulfilled;
+    ``result`` what the fulfilment answered (a deletion's counts, an export's ``sha256``), None
+    before."""
+
+    dsr_id: str
+    request_type: str
+    user_email: str
+    notes: str | None
+    due_days: int
+    status: str
+    overdue: bool
+    created_at: datetime
+    due_at: datetime
+    fulfilled_at: datetime | None
+    output_artifact_url: str | None
+    result: dict[str, Any] | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> DataSubjectRequest:
+        result = d.get("result")
+        return cls(d["dsr_id"], d["request_type"], d["user_email"], d.get("notes"), int(d["due_days"]),
+                   d["status"], bool(d.get("overdue")), _time(d["created_at"]), _time(d["due_at"]),
+                   _opt_time(d.get("fulfilled_at")), d.get("output_artifact_url"),
+                   dict(result) if result is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Fulfilment:
+    """What fulfilling a data-subject request answered: the request as it now stands
+    (``dsr``); for a deletion the rows ``deleted`` and the history rows ``anonymized``, by
+    table; for an export the JSON ``document`` and its ``sha256`` (hex, of the document as the
+    service serializes it: UTF-8 JSON, keys sorted, no whitespace). ``user_found`` is False
+    when the project held no user with that e-mail. ``finishing`` is True when another process
+    is still finishing the deletion (the service answered 202): ask again later."""
+
+    dsr: DataSubjectRequest
+    user_found: bool
+    deleted: dict[str, int] | None = None
+    anonymized: dict[str, int] | None = None
+    document: dict[str, Any] | None = None
+    sha256: str | None = None
+    finishing: bool = False
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], finishing: bool = False) -> Fulfilment:
+        def counts(value: Any) -> dict[str, int] | None:
+            return None if value is None else {str(k): int(v) for k, v in value.items()}
+        document = d.get("document")
+        return cls(DataSubjectRequest.from_json(d["dsr"]), bool(d["user_found"]), counts(d.get("deleted")),
+                   counts(d.get("anonymized")), dict(document) if document is not None else None,
+                   d.get("sha256"), finishing)
 
 
 @dataclass(frozen=True, slots=True)
