@@ -22,6 +22,8 @@ from authio_client import (
     Invitation,
     Page,
     PortalLink,
+    RiskDecision,
+    RiskPolicy,
     ScimToken,
     WebhookDelivery,
     WebhookEndpoint,
@@ -38,7 +40,7 @@ from authio_client.errors import (
     StoreNotFound,
 )
 
-from tests.client.helpers import Sent, sync_client
+from tests.client.helpers import Sent, signed_in, sync_client
 from tests.fixtures.service import Project, assert_error, eventually, ts
 from tests.portal.helpers import open_link
 from tests.webhooks.helpers import Received, receiver
@@ -419,3 +421,75 @@ async def test_data_subject_requests_with_the_async_client(authio: AsyncAuthioCl
     raw = await project.api.get(f"/v1/compliance/dsr/{made.dsr_id}")
     _same_dsr(await authio.get_dsr(made.dsr_id), raw.body)
     assert [d.dsr_id for d in (await authio.list_dsrs(status="fulfilled")).data] == [made.dsr_id]
+
+
+# -- risk policy and decisions ------------------------------------------------------------------
+
+
+def _same_policy(got: RiskPolicy, raw: dict[str, Any]) -> None:
+    assert (got.threshold_challenge, got.threshold_block, got.default) == (
+        raw["threshold_challenge"], raw["threshold_block"], raw["default"])
+    assert {n: (p.enabled, p.weight, p.description) for n, p in got.signals.items()} == {
+        n: (p["enabled"], p["weight"], p["description"]) for n, p in raw["signals"].items()}
+    assert got.updated_at == (ts(raw["updated_at"]) if raw["updated_at"] else None)
+
+
+def _same_decision(got: RiskDecision, raw: dict[str, Any]) -> None:
+    assert (got.id, got.user_id, got.session_id, got.method, got.score, got.decision, got.reasons,
+            got.inputs, got.step_up_challenge_id, got.created_at) == (
+        raw["id"], raw["user_id"], raw["session_id"], raw["method"], raw["score"], raw["decision"],
+        raw["reasons"], raw["inputs"], raw["step_up_challenge_id"], ts(raw["created_at"]))
+    assert [(s.name, s.fired, s.contribution, s.reason) for s in got.signals] == [
+        (s["name"], s["fired"], s["contribution"], s["reason"]) for s in raw["signals"]]
+
+
+async def test_the_risk_policy_and_decisions_with_the_sync_client(project: Project) -> None:
+    signed = await signed_in(project)
+    user_id = signed.body["user"]["id"]
+
+    def flow() -> dict[str, Any]:
+        with sync_client(project.api.base_url, project.key, Sent()) as c:
+            before = c.get_risk_policy()
+            after = c.replace_risk_policy(40, 80, signals={"new_device": {"weight": 15},
+                                                           "ip_velocity": {"weight": 5, "enabled": False}})
+            with pytest.raises(InvalidRequest):
+                c.replace_risk_policy(80, 40)
+            with pytest.raises(InvalidRequest) as unknown:
+                c.replace_risk_policy(40, 80, signals={"full_moon": {"weight": 1}})
+            assert unknown.value.code == "invalid_request"
+            with pytest.raises(NotFound):
+                c.get_risk_decision("rd_" + "0" * 26)
+            decisions = c.list_risk_decisions(user=user_id)
+            return {"before": before, "after": after, "decisions": decisions,
+                    "one": c.get_risk_decision(decisions.data[0].id),
+                    "blocked": c.list_risk_decisions(decision="block"),
+                    "walked": list(c.iter_risk_decisions(limit=1))}
+
+    got = await asyncio.to_thread(flow)
+    assert got["before"].default and (got["before"].threshold_challenge, got["before"].threshold_block) == (50, 90)
+    after: RiskPolicy = got["after"]
+    assert not after.default and after.signals["new_device"].weight == 15
+    assert not after.signals["ip_velocity"].enabled and after.signals["new_country"].enabled
+    _same_policy(after, (await project.api.get("/v1/risk/policy")).body)
+
+    raw = await project.api.get(f"/v1/risk/decisions?user={user_id}")
+    [decision] = got["decisions"].data
+    _same_decision(decision, raw.body["data"][0])
+    assert (decision.session_id, decision.decision, decision.method) == (
+        signed.session_id, "allow", raw.body["data"][0]["method"])
+    _same_decision(got["one"], raw.body["data"][0])
+    assert got["blocked"].data == [] and [d.id for d in got["walked"]] == [decision.id]
+
+
+async def test_the_risk_policy_and_decisions_with_the_async_client(authio: AsyncAuthioClient,
+                                                                    project: Project) -> None:
+    first, second = await signed_in(project), await signed_in(project)
+    _same_policy(await authio.get_risk_policy(), (await project.api.get("/v1/risk/policy")).body)
+    walked = [d async for d in authio.iter_risk_decisions(limit=1)]
+    assert [d.session_id for d in walked] == [second.session_id, first.session_id]  # newest first
+    raw = await project.api.get(f"/v1/risk/decisions/{walked[1].id}")
+    _same_decision(await authio.get_risk_decision(walked[1].id), raw.body)
+    later = await authio.list_risk_decisions(since=walked[0].created_at)
+    assert [d.id for d in later.data] == [walked[0].id]
+    replaced = await authio.replace_risk_policy(30, 60)
+    assert (replaced.threshold_challenge, replaced.threshold_block, replaced.default) == (30, 60, False)

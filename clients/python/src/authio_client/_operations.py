@@ -28,6 +28,8 @@ from authio_client.models import (
     PortalLink,
     Project,
     Revision,
+    RiskDecision,
+    RiskPolicy,
     ScimToken,
     SigningKey,
     Store,
@@ -550,6 +552,48 @@ def fulfill_dsr(dsr_id: str, *, output_artifact_url: str | None = None) -> Call[
     return Call("POST", f"/v1/compliance/dsr/{_seg(dsr_id)}/fulfill",
                 lambda r: Fulfilment.from_json(r.body, finishing=r.status == 202), json=body,
                 idempotent=True)
+
+
+# -- risk ---------------------------------------------------------------------------------------
+
+
+def get_risk_policy() -> Call[RiskPolicy]:
+    """The project's risk policy (``GET /v1/risk/policy``): the thresholds and every signal
+    with its weight; the documented default (``default=True``: challenge at 50, block at 90,
+    every signal enabled) until one is set."""
+    return Call("GET", "/v1/risk/policy", lambda r: RiskPolicy.from_json(r.body), idempotent=True)
+
+
+def replace_risk_policy(threshold_challenge: int, threshold_block: int, *,
+                        signals: Mapping[str, Mapping[str, Any]] | None = None) -> Call[RiskPolicy]:
+    """Set the project's risk policy (``PUT /v1/risk/policy``): thresholds 0 to 100,
+    ``threshold_challenge`` lower than ``threshold_block``; ``signals`` by name, each
+    ``{"weight": int, "enabled": bool}`` (``enabled`` True by default), a signal left out
+    taking its default. Applies at once. Needs ``risk:write``. Raises InvalidRequest (an
+    unknown signal, thresholds out of order)."""
+    body: dict[str, Any] = {"threshold_challenge": threshold_challenge, "threshold_block": threshold_block}
+    if signals is not None:
+        body["signals"] = {name: dict(setting) for name, setting in signals.items()}
+    return Call("PUT", "/v1/risk/policy", lambda r: RiskPolicy.from_json(r.body), json=body,
+                idempotent=True)
+
+
+def get_risk_decision(decision_id: str) -> Call[RiskDecision]:
+    """One risk decision: every signal with its contribution and reason, and what it saw.
+    Raises NotFound (``not_found``)."""
+    return Call("GET", f"/v1/risk/decisions/{_seg(decision_id)}", lambda r: RiskDecision.from_json(r.body),
+                idempotent=True)
+
+
+def list_risk_decisions(*, user: str | None = None, decision: str | None = None,
+                        since: datetime | str | None = None, until: datetime | str | None = None,
+                        limit: int | None = None, cursor: str | None = None) -> Call[Page[RiskDecision]]:
+    """A page of the project's risk decisions, newest first: ``user`` a user id, ``decision``
+    ``allow``, ``challenge`` or ``block``, ``since`` and ``until`` the ``from`` and ``to``
+    times."""
+    return Call("GET", "/v1/risk/decisions", _page(RiskDecision.from_json),
+                params={"user": user, "decision": decision, "from": since, "to": until,
+                        "limit": limit, "cursor": cursor}, idempotent=True)
 
 
 # -- signing keys, sessions -------------------------------------------------------------------------

@@ -26,8 +26,12 @@ __all__ = [
     "PortalLink",
     "Project",
     "Revision",
+    "RiskDecision",
+    "RiskPolicy",
     "ScimToken",
     "Session",
+    "SignalPolicy",
+    "SignalResult",
     "SigningKey",
     "Store",
     "StoredTuple",
@@ -478,6 +482,82 @@ class Fulfilment:
         return cls(DataSubjectRequest.from_json(d["dsr"]), bool(d["user_found"]), counts(d.get("deleted")),
                    counts(d.get("anonymized")), dict(document) if document is not None else None,
                    d.get("sha256"), finishing)
+
+
+@dataclass(frozen=True, slots=True)
+class SignalPolicy:
+    """One risk signal as the policy sets it: ``enabled``, its ``weight`` (points added to the
+    score when it fires) and what it looks at."""
+
+    enabled: bool
+    weight: int
+    description: str
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SignalPolicy:
+        return cls(bool(d["enabled"]), int(d["weight"]), d.get("description") or "")
+
+
+@dataclass(frozen=True, slots=True)
+class RiskPolicy:
+    """The project's risk policy: a sign-in scoring at or above ``threshold_block`` (0 to 100)
+    is blocked, at or above ``threshold_challenge`` needs a step-up; ``signals`` by name.
+    ``default`` is True while the project never set one; ``updated_at`` the last replace."""
+
+    threshold_challenge: int
+    threshold_block: int
+    signals: dict[str, SignalPolicy]
+    default: bool
+    updated_at: datetime | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RiskPolicy:
+        return cls(int(d["threshold_challenge"]), int(d["threshold_block"]),
+                   {str(k): SignalPolicy.from_json(v) for k, v in (d.get("signals") or {}).items()},
+                   bool(d.get("default")), _opt_time(d.get("updated_at")))
+
+
+@dataclass(frozen=True, slots=True)
+class SignalResult:
+    """One signal's result in a risk decision: whether it ``fired``, the points it added
+    (``contribution``) and why (``reason``)."""
+
+    name: str
+    fired: bool
+    contribution: int
+    reason: str
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> SignalResult:
+        return cls(d["name"], bool(d["fired"]), int(d["contribution"]), d.get("reason") or "")
+
+
+@dataclass(frozen=True, slots=True)
+class RiskDecision:
+    """A scored sign-in (``rd_``): ``score`` 0 to 100, ``decision`` ``allow``, ``challenge``
+    (a step-up was required) or ``block``, every enabled signal's result, the ``reasons`` of
+    those that fired, the ``inputs`` they saw (``ip``, ``user_agent``, ``device``, ``place``,
+    counts), the sign-in ``method``, the session it started and the step-up challenge a
+    ``challenge`` created."""
+
+    id: str
+    user_id: str | None
+    session_id: str | None
+    method: str
+    score: int
+    decision: str
+    signals: list[SignalResult]
+    reasons: list[str]
+    inputs: dict[str, Any]
+    step_up_challenge_id: str | None
+    created_at: datetime
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RiskDecision:
+        return cls(d["id"], d.get("user_id"), d.get("session_id"), d["method"], int(d["score"]),
+                   d["decision"], [SignalResult.from_json(x) for x in d.get("signals") or []],
+                   list(d.get("reasons") or []), dict(d.get("inputs") or {}),
+                   d.get("step_up_challenge_id"), _time(d["created_at"]))
 
 
 @dataclass(frozen=True, slots=True)
