@@ -20,7 +20,9 @@ from authio_client import (
     DataSubjectRequest,
     Fulfilment,
     Invitation,
+    OAuthProvider,
     Page,
+    Passkey,
     PortalLink,
     RiskDecision,
     RiskPolicy,
@@ -38,10 +40,14 @@ from authio_client.errors import (
     NotFound,
     OrganizationNotFound,
     StoreNotFound,
+    UnknownProvider,
+    UserNotFound,
 )
 
 from tests.client.helpers import Sent, signed_in, sync_client
 from tests.fixtures.service import Project, assert_error, eventually, ts
+from tests.fixtures.webauthn import SoftAuthenticator
+from tests.passkeys.helpers import ORIGIN, configure, login_verify, options, register
 from tests.portal.helpers import open_link
 from tests.webhooks.helpers import Received, receiver
 
@@ -493,3 +499,83 @@ async def test_the_risk_policy_and_decisions_with_the_async_client(authio: Async
     assert [d.id for d in later.data] == [walked[0].id]
     replaced = await authio.replace_risk_policy(30, 60)
     assert (replaced.threshold_challenge, replaced.threshold_block, replaced.default) == (30, 60, False)
+
+
+# -- a user's passkeys and OAuth providers -----------------------------------------------------
+
+
+def _same_passkey(got: Passkey, raw: dict[str, Any]) -> None:
+    assert (got.id, got.user_id, got.credential_id, got.name, got.aaguid, got.sign_count,
+            got.transports, got.backup_eligible, got.backup_state, got.created_at) == (
+        raw["id"], raw["user_id"], raw["credential_id"], raw["name"], raw["aaguid"], raw["sign_count"],
+        raw["transports"], raw["backup_eligible"], raw["backup_state"], ts(raw["created_at"]))
+    assert got.last_used_at == (ts(raw["last_used_at"]) if raw["last_used_at"] else None)
+
+
+async def test_a_users_passkeys_with_both_clients(authio: AsyncAuthioClient, project: Project) -> None:
+    await configure(project)
+    user = await signed_in(project)
+    laptop, phone = SoftAuthenticator(ORIGIN), SoftAuthenticator(ORIGIN)
+    first = await register(project, user, laptop)
+    second = await register(project, user, phone)
+    c = sync_client(project.api.base_url, project.key, Sent())
+    try:
+        listed: list[Passkey] = await asyncio.to_thread(c.list_user_passkeys, user.user_id)
+        raw = await project.api.get(f"/v1/users/{user.user_id}/passkeys")
+        assert [p.id for p in listed] == [first["id"], second["id"]]
+        for got, item in zip(listed, raw.body["data"], strict=True):
+            _same_passkey(got, item)
+        deleted: Passkey = await asyncio.to_thread(c.delete_user_passkey, user.user_id, first["id"])
+        assert deleted.id == first["id"]
+        with pytest.raises(NotFound) as twice:
+            await asyncio.to_thread(c.delete_user_passkey, user.user_id, first["id"])
+        assert twice.value.code == "not_found"
+    finally:
+        c.close()
+    # The deleted passkey signs in no more; the other one still does.
+    assert (await login_verify(project, laptop.get(await options(project)))).status == 400
+    assert (await login_verify(project, phone.get(await options(project)))).status == 200
+    assert [p.id for p in await authio.list_user_passkeys(user.user_id)] == [second["id"]]
+    assert (await authio.delete_user_passkey(user.user_id, second["id"])).id == second["id"]
+    assert (await project.api.get(f"/v1/users/{user.user_id}/passkeys")).body["data"] == []
+    with pytest.raises(UserNotFound):
+        await authio.list_user_passkeys("user_" + "0" * 26)
+
+
+def _same_provider(got: OAuthProvider, raw: dict[str, Any]) -> None:
+    assert (got.provider, got.kind, got.client_id, got.issuer, got.scopes, got.redirect_uris,
+            got.callback_url, got.created_at, got.updated_at) == (
+        raw["provider"], raw["kind"], raw["client_id"], raw["issuer"], raw["scopes"], raw["redirect_uris"],
+        raw["callback_url"], ts(raw["created_at"]), ts(raw["updated_at"]))
+
+
+async def test_oauth_providers_with_both_clients(authio: AsyncAuthioClient, project: Project) -> None:
+    pages = ["https://app.example.com/signed-in"]
+
+    def flow() -> tuple[OAuthProvider, OAuthProvider, OAuthProvider]:
+        with sync_client(project.api.base_url, project.key, Sent()) as c:
+            made = c.replace_oauth_provider("github", client_id="gh-client", client_secret="gh-secret",
+                                            redirect_uris=pages)
+            again = c.replace_oauth_provider("github", client_id="gh-client-2", client_secret="gh-secret",
+                                             redirect_uris=pages, scopes=["read:user", "user:email"])
+            with pytest.raises(InvalidRequest) as bad:  # a generic provider needs its issuer
+                c.replace_oauth_provider("corp", client_id="c", client_secret="s", redirect_uris=pages)
+            assert any(f["field"] == "issuer" for f in bad.value.details["fields"])
+            return made, again, c.get_oauth_provider("github")
+
+    made, again, got = await asyncio.to_thread(flow)
+    assert (made.created, again.created, got.created) == (True, False, None)
+    assert made.callback_url == f"{project.api.base_url}/v1/auth/oauth/github/callback"
+    raw = await project.api.get("/v1/oauth/providers/github")
+    assert raw.body["client_id"] == "gh-client-2" and "gh-secret" not in raw.raw.decode()
+    for answer in (again, got):
+        _same_provider(answer, raw.body)
+    assert again.scopes == ["read:user", "user:email"] and again.redirect_uris == pages
+    _same_provider(await authio.get_oauth_provider("github"), raw.body)
+    assert await authio.delete_oauth_provider("github") == "github"
+    assert (await project.api.get("/v1/oauth/providers/github")).status == 404
+    with pytest.raises(UnknownProvider) as gone:
+        await authio.get_oauth_provider("github")
+    assert (gone.value.status, gone.value.code) == (404, "unknown_provider")
+    with pytest.raises(UnknownProvider):
+        await authio.delete_oauth_provider("github")

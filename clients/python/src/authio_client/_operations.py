@@ -23,8 +23,10 @@ from authio_client.models import (
     Fulfilment,
     Invitation,
     Membership,
+    OAuthProvider,
     Organization,
     Page,
+    Passkey,
     PortalLink,
     Project,
     Revision,
@@ -142,6 +144,20 @@ def list_user_memberships(user_id: str, *, status: str | None = None, limit: int
     """A page of one user's memberships, with each organization's name and slug."""
     return Call("GET", f"/v1/users/{_seg(user_id)}/memberships", _page(Membership.from_json),
                 params={"status": status, "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+def list_user_passkeys(user_id: str) -> Call[list[Passkey]]:
+    """A user's passkeys, oldest first (``GET /v1/users/{user_id}/passkeys``; all of them, no
+    pages). Raises UserNotFound."""
+    return Call("GET", f"/v1/users/{_seg(user_id)}/passkeys",
+                lambda r: [Passkey.from_json(d) for d in r.body["data"]], idempotent=True)
+
+
+def delete_user_passkey(user_id: str, passkey_id: str) -> Call[Passkey]:
+    """Delete one of a user's passkeys: it signs in no more; answers the passkey deleted.
+    Raises UserNotFound, NotFound (``not_found``: the user has no such passkey)."""
+    return Call("DELETE", f"/v1/users/{_seg(user_id)}/passkeys/{_seg(passkey_id)}",
+                lambda r: Passkey.from_json(r.body), idempotent=True)
 
 
 # -- organizations and memberships ------------------------------------------------------------
@@ -594,6 +610,42 @@ def list_risk_decisions(*, user: str | None = None, decision: str | None = None,
     return Call("GET", "/v1/risk/decisions", _page(RiskDecision.from_json),
                 params={"user": user, "decision": decision, "from": since, "to": until,
                         "limit": limit, "cursor": cursor}, idempotent=True)
+
+
+# -- OAuth providers ------------------------------------------------------------------------------
+
+
+def get_oauth_provider(provider: str) -> Call[OAuthProvider]:
+    """A sign-in provider's configuration in the project, without its client secret (``GET
+    /v1/oauth/providers/{provider}``). Raises UnknownProvider (404) when it is not configured."""
+    return Call("GET", f"/v1/oauth/providers/{_seg(provider)}", lambda r: OAuthProvider.from_json(r.body),
+                idempotent=True)
+
+
+def replace_oauth_provider(provider: str, *, client_id: str, client_secret: str,
+                           redirect_uris: Sequence[str], issuer: str | None = None,
+                           scopes: Sequence[str] | None = None) -> Call[OAuthProvider]:
+    """Configure a sign-in provider, replacing its configuration (``PUT
+    /v1/oauth/providers/{provider}``; ``created`` True when it was not configured). ``google``,
+    ``github``, ``microsoft`` and ``apple`` are those providers; any other name is a generic
+    OpenID Connect provider and needs ``issuer``. ``redirect_uris`` the application pages a
+    sign-in may return to; ``scopes`` default to the provider's. The client secret is stored
+    encrypted and never answered; register the answer's ``callback_url`` at the provider.
+    Raises InvalidRequest (naming the field)."""
+    body = _changes(client_id=client_id, client_secret=client_secret, redirect_uris=list(redirect_uris),
+                    issuer=issuer if issuer is not None else UNSET,
+                    scopes=list(scopes) if scopes is not None else UNSET)
+    return Call("PUT", f"/v1/oauth/providers/{_seg(provider)}",
+                lambda r: OAuthProvider.from_json(r.body, created=r.status == 201), json=body,
+                idempotent=True)
+
+
+def delete_oauth_provider(provider: str) -> Call[str]:
+    """Delete a provider's configuration: sign-ins with it are refused until it is configured
+    again (the identities linked through it stay). Answers the provider's name. Raises
+    UnknownProvider."""
+    return Call("DELETE", f"/v1/oauth/providers/{_seg(provider)}", lambda r: str(r.body["provider"]),
+                idempotent=True)
 
 
 # -- signing keys, sessions -------------------------------------------------------------------------

@@ -52,6 +52,7 @@ __all__ = [
     "StoreNotFound",
     "Timeout",
     "Unavailable",
+    "UnknownProvider",
     "UserNotFound",
     "error_from",
 ]
@@ -200,6 +201,12 @@ class InvitationNotFound(NotFound):
     default_code = "invitation_not_found"
 
 
+class UnknownProvider(NotFound):
+    """404 ``unknown_provider``: the project has no configuration for that sign-in provider."""
+
+    default_code = "unknown_provider"
+
+
 class StoreNotFound(NotFound):
     default_code = "store_not_found"
 
@@ -262,7 +269,7 @@ CODES: dict[str, type[AuthioError]] = {
     for cls in (MissingApiKey, InvalidApiKey, NoSession, InvalidSession, InsufficientScope,
                 UserNotFound, OrganizationNotFound, MembershipNotFound, StoreNotFound, SlugInUse,
                 AlreadyAMember, InvitationNotFound, InvitationPending, InvitationNotPending,
-                RevisionAhead, ResolutionTooComplex, IdempotencyKeyReused,
+                UnknownProvider, RevisionAhead, ResolutionTooComplex, IdempotencyKeyReused,
                 DbUnavailable, RevisionNotReached, RateLimited, Forbidden, NotFound,
                 InvalidRequest)
 }

@@ -21,8 +21,10 @@ __all__ = [
     "Fulfilment",
     "Invitation",
     "Membership",
+    "OAuthProvider",
     "Organization",
     "Page",
+    "Passkey",
     "PortalLink",
     "Project",
     "Revision",
@@ -558,6 +560,58 @@ class RiskDecision:
                    d["decision"], [SignalResult.from_json(x) for x in d.get("signals") or []],
                    list(d.get("reasons") or []), dict(d.get("inputs") or {}),
                    d.get("step_up_challenge_id"), _time(d["created_at"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Passkey:
+    """One of a user's passkeys (``pk_``, a WebAuthn credential): its ``name``, the
+    authenticator model (``aaguid``), ``sign_count``, ``transports``, whether it can be synced
+    (``backup_eligible``) and is (``backup_state``), and when it was last used."""
+
+    id: str
+    user_id: str
+    credential_id: str
+    name: str
+    aaguid: str
+    sign_count: int
+    transports: list[str]
+    backup_eligible: bool
+    backup_state: bool
+    created_at: datetime
+    last_used_at: datetime | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Passkey:
+        return cls(d["id"], d["user_id"], d["credential_id"], d.get("name") or "", d.get("aaguid") or "",
+                   int(d.get("sign_count") or 0), list(d.get("transports") or []),
+                   bool(d.get("backup_eligible")), bool(d.get("backup_state")), _time(d["created_at"]),
+                   _opt_time(d.get("last_used_at")))
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthProvider:
+    """A sign-in provider's configuration in the project (never its client secret):
+    ``provider`` its name (``google``, ``github``, ``microsoft``, ``apple``, or any other name
+    for a generic OpenID Connect provider with its ``issuer``), ``kind``, ``client_id``,
+    ``scopes``, the application pages a sign-in may return to (``redirect_uris``), and
+    ``callback_url``, to register at the provider as its redirect URI."""
+
+    provider: str
+    kind: str
+    client_id: str
+    issuer: str | None
+    scopes: list[str]
+    redirect_uris: list[str]
+    callback_url: str
+    created_at: datetime
+    updated_at: datetime
+    created: bool | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], created: bool | None = None) -> OAuthProvider:
+        return cls(d["provider"], d["kind"], d["client_id"], d.get("issuer"), list(d.get("scopes") or []),
+                   list(d.get("redirect_uris") or []), d["callback_url"], _time(d["created_at"]),
+                   _time(d["updated_at"]), created)
 
 
 @dataclass(frozen=True, slots=True)
