@@ -30,9 +30,11 @@ throughput ratio a saturated server would reach).
 ``--pipeline 1,8,16`` runs every target at each of these HTTP/1.1 pipelining depths (default
 1: one request at a time per connection, as a browser or a proxy such as nginx sends them):
 at depth N wrk writes N requests at once on each connection and the next N when all N answers
-are in (``WRK_PIPELINE``). It costs wrk far less per request, so that it leaves the cores to the
-server; the server's cost per request falls too (one read for N requests), so a pipelined
-figure is no figure of what a proxy's traffic costs. wrk's latencies at a depth above 1 are
+are in (``WRK_PIPELINE``). It costs wrk less per request (a quarter to a third less at depth 8
+on the 2-core box: it still parses every answer), so that it leaves more of the cores to the
+server; the server's cost per request falls a little too (one read for N requests, still a
+write per answer), and proxies such as nginx do not pipeline, so a pipelined figure is no figure
+of what a proxy's traffic costs. wrk's latencies at a depth above 1 are
 not figures either: it times a group of N (write to last answer) and its correction for
 coordinated omission assumes one request per write, adding samples below its own minimum, so
 its p50 is skewed and its p99 often reads 0. Before the first measured run at a depth
