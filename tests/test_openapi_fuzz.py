@@ -507,6 +507,10 @@ NOT_SAYABLE: list[tuple[str, Callable[[schemathesis.Case, schemathesis.Response]
      "take an issuer: rules on a URL's host and on the path, beyond a pattern",
      lambda case, r: bool(refused_fields(r)) and all(
          f == "issuer" or f.startswith("redirect_uris") for f, _ in refused_fields(r))),
+    ("a magic link's redirect_url on an origin the project allows (its cors_origins and "
+     "webauthn.origins): a rule on the project's settings, beyond the URL's pattern",
+     lambda case, r: bool(refused_fields(r)) and all(
+         f == "redirect_url" and m.startswith("its origin ") for f, m in refused_fields(r))),
     ("an incident's detected_at and notified_at may not be in the future, a maintenance "
      "window's ends_at not in the past: a time compared with the clock",
      lambda case, r: bool(refused_fields(r)) and all(

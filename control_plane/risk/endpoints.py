@@ -28,6 +28,7 @@ from control_plane.risk.schemas import (
     Policy,
     PolicyBody,
     StepUpBody,
+    StepUpLinkBody,
     StepUpSent,
     StepUpVerifyBody,
 )
@@ -126,7 +127,7 @@ async def post_step_up_passkey_verify(call: Call, body: StepUpVerifyBody) -> web
           headers=_PROJECT_HEADERS,
           errors=[UnknownOrExpiredChallenge, InvalidRequest, RateLimited, ServiceUnavailable],
           replies=[Reply(200, "The link is on its way.", StepUpSent)])
-async def post_step_up_magic_link_send(call: Call, body: StepUpBody) -> web.Response:
+async def post_step_up_magic_link_send(call: Call, body: StepUpLinkBody) -> web.Response:
     """Start a step-up by link: a link to the challenged user's verified e-mail address (else
     phone number), redeemed by ``POST /v1/auth/magic-link/verify`` like any link."""
     sent = await step_up.send_link(call.pool, call.actor, challenge_id=body.challenge_id,

@@ -12,7 +12,7 @@ from pydantic import BeforeValidator, Field, StringConstraints, ValidationInfo, 
 
 from common.schemas import RequestModel, integral
 from control_plane.audit.schemas import Time, not_before_from
-from control_plane.magic_links.schemas import RedirectUrl
+from control_plane.magic_links.schemas import REDIRECT_URL_DESCRIPTION, RedirectUrl
 from control_plane.passkeys.schemas import AuthenticationResponseBody
 from control_plane.risk import signals
 from control_plane.web.pagination import PageQuery
@@ -152,11 +152,16 @@ class DecisionsQuery(PageQuery):
 
 
 class StepUpBody(RequestModel):
-    """The challenge a ``step_up_required`` answer named (``details.challenge_id``); for the
-    link, where it lands (as ``POST /v1/auth/magic-link/send``'s ``redirect_url``)."""
+    """The challenge a ``step_up_required`` answer named (``details.challenge_id``)."""
 
     challenge_id: ChallengeId
-    redirect_url: RedirectUrl | None = None
+
+
+class StepUpLinkBody(StepUpBody):
+    """The challenge, and where its link lands (as ``POST /v1/auth/magic-link/send``'s
+    ``redirect_url``; this service's page without it)."""
+
+    redirect_url: RedirectUrl | None = Field(None, description=REDIRECT_URL_DESCRIPTION)
 
 
 class StepUpVerifyBody(AuthenticationResponseBody):
