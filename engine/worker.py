@@ -105,11 +105,15 @@ def _board_ctx(board: ReadinessBoard, own: Sequence[Callable[[], Readiness]]
     return publishing
 
 
-def _worker_app(settings: Settings, board: ReadinessBoard) -> web.Application:
+def _worker_app(settings: Settings, board: ReadinessBoard,
+                listening: asyncio.Event) -> web.Application:
     """The engine app of one worker, its ``/readyz`` answering for every worker, its own state
-    (the engine's probes) published on ``board``."""
+    (the engine's probes, and ``listening``: not ready before its port is bound, so that the
+    supervisor never counts a worker that loaded but could not bind as one that served)
+    published on ``board``."""
     app = create_engine_app(settings)
-    own = app[READINESS].copy()  # the engine's probes, before the board's
+    own = [*app[READINESS],  # the engine's probes, before the board's
+           lambda: "ready" if listening.is_set() else "not_ready"]
     app[READINESS].append(board.others)
     app.cleanup_ctx.append(_board_ctx(board, own))
     return app
@@ -124,10 +128,12 @@ async def _until_loaded(app: web.Application) -> None:
 
 
 async def _serve_worker(app: web.Application, *, host: str, port: int, bind_at_once: bool,
-                        lifeline: Connection, index: int, tls: ServerTls | None = None) -> None:
+                        lifeline: Connection, index: int, listening: asyncio.Event,
+                        tls: ServerTls | None = None) -> None:
     """Run ``app`` on ``host:port`` with ``SO_REUSEPORT`` until SIGTERM, SIGINT or the end of
     ``lifeline`` (the supervisor is gone), then stop gracefully. With ``bind_at_once`` false the
-    port is bound only once the engine can serve (:func:`_until_loaded`). With ``tls`` the port
+    port is bound only once the engine can serve (:func:`_until_loaded`); ``listening`` is set
+    once it is bound (the worker is ready from then on). With ``tls`` the port
     speaks HTTPS with HSTS and SIGHUP reloads the certificate (``common.tls``): the supervisor
     starts a worker with SIGHUP blocked and forwards its own, so one sent before the handler is
     in place waits, pending, until it is."""
@@ -159,6 +165,7 @@ async def _serve_worker(app: web.Application, *, host: str, port: int, bind_at_o
         if not stop.is_set():
             await web.TCPSite(runner, host, port, reuse_port=True,
                               ssl_context=tls.context if tls is not None else None).start()
+            listening.set()
             log.info("engine worker %d (pid %d) listening on %s:%d", index, os.getpid(), host,
                      port)
             await stop.wait()
@@ -185,14 +192,16 @@ def worker_main(index: int, cells: Any, bind_at_once: bool, lifeline: Connection
     try:
         tls = server_tls(settings.tls_cert_file, settings.tls_key_file,
                          settings.tls_key_password_file)
-        app = _worker_app(settings, ReadinessBoard(cells, index))
+        listening = asyncio.Event()
+        app = _worker_app(settings, ReadinessBoard(cells, index), listening)
         gc.set_threshold(*GC_THRESHOLDS)
         loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
         try:
             loop.run_until_complete(_serve_worker(
                 app, host=settings.host, port=settings.engine_port,
-                bind_at_once=bind_at_once, lifeline=lifeline, index=index, tls=tls))
+                bind_at_once=bind_at_once, lifeline=lifeline, index=index,
+                listening=listening, tls=tls))
         finally:
             rest = asyncio.all_tasks(loop)
             for task in rest:
